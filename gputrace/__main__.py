@@ -1,0 +1,3 @@
+from gputrace.cli import main
+
+main(prog_name="gputrace")

@@ -1,0 +1,148 @@
+"""Clocks: host time in epoch nanoseconds, and the map from device events to it.
+
+Takes: a host clock (monotonic inside, one realtime offset measured once), and reference
+events recorded on an idle side stream of each device, with the host clock read around each.
+Gives: `Anchor`s and `DeviceTimeline.locate()` / `.to_host_ns()`, a piecewise-linear map from a
+device event to epoch nanoseconds between consecutive anchors.
+
+Why this shape:
+- `elapsed_time` is float32 milliseconds: its step is ~60 ns one second from the reference and
+  ~0.25 ms an hour away. So every event is measured against the anchors on either side of it,
+  never against one global reference.
+- Device and host clocks drift (~2 ppm). Interpolating linearly between the two anchors that
+  bracket an event keeps its error within the larger of their two uncertainties, however far
+  apart they are; an offset from a single anchor grows with the distance.
+- A reference event on an idle side stream runs at once even while the compute stream is busy,
+  so anchoring blocks the host for a round trip (microseconds) and never drains the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+NS_PER_MS = 1_000_000
+
+
+class HostClock:
+    """CLOCK_MONOTONIC inside the process, so NTP steps cannot tear a timeline; epoch ns outside
+    through one realtime-minus-monotonic offset, so ranks on different hosts land near each other.
+
+    `shift_ns` is a test seam: it moves this process's epoch by a known amount, as a host whose
+    clock is off would."""
+
+    def __init__(
+        self,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        realtime_ns: Callable[[], int] = time.time_ns,
+        shift_ns: int = 0,
+    ) -> None:
+        self.monotonic_ns = monotonic_ns
+        self.realtime_ns = realtime_ns
+        self.shift_ns = shift_ns
+        self.epoch_offset_ns = self._measure_offset() + shift_ns
+
+    def _measure_offset(self, tries: int = 7) -> int:
+        best: tuple[int, int] | None = None
+        for _ in range(tries):
+            m0 = self.monotonic_ns()
+            r = self.realtime_ns()
+            m1 = self.monotonic_ns()
+            if best is None or m1 - m0 < best[0]:
+                best = (m1 - m0, r - (m0 + m1) // 2)
+        assert best is not None
+        return best[1]
+
+    def now(self) -> int:
+        """Epoch nanoseconds, from the monotonic clock."""
+        return self.monotonic_ns() + self.epoch_offset_ns
+
+    def to_epoch(self, monotonic: int) -> int:
+        return monotonic + self.epoch_offset_ns
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """A reference event and the host time (epoch ns) at which it ran, +- `uncertainty_ns`."""
+
+    event: Any
+    host_ns: int
+    uncertainty_ns: int
+
+
+def take_anchor(
+    new_event: Callable[[], Any],
+    record: Callable[[Any, Any], None],
+    side_stream: Any,
+    clock: HostClock,
+    tries: int,
+    release: Callable[[Any], None] = lambda ev: None,
+) -> Anchor:
+    """Record a reference event on an idle side stream and wait for it, `tries` times; keep the
+    try with the least round trip. The event ran between the two host readings, so the midpoint
+    is off by at most half the round trip."""
+    best: tuple[int, int, Any] | None = None
+    for _ in range(max(1, tries)):
+        ev = new_event()
+        t0 = clock.monotonic_ns()
+        record(ev, side_stream)
+        ev.synchronize()
+        t1 = clock.monotonic_ns()
+        if best is None or t1 - t0 < best[1] - best[0]:
+            if best is not None:
+                release(best[2])
+            best = (t0, t1, ev)
+        else:
+            release(ev)
+    assert best is not None
+    t0, t1, ev = best
+    return Anchor(ev, clock.to_epoch((t0 + t1) // 2), (t1 - t0 + 1) // 2)
+
+
+class DeviceTimeline:
+    """The anchors of one device, in the order they were taken, and the map between them.
+
+    An event enqueued after anchor k-1 was taken runs after it; `locate` walks forward from
+    there to the first anchor at or after the event. Events after the newest anchor wait for
+    the next one, so every mapped event is interpolated, never extrapolated."""
+
+    def __init__(self) -> None:
+        self.anchors: list[Anchor] = []
+        self.segment_ms: list[float] = []  # segment_ms[k] = elapsed(anchor k-1, anchor k); [0] unused
+
+    def add(self, anchor: Anchor) -> int:
+        if self.anchors:
+            self.segment_ms.append(self.anchors[-1].event.elapsed_time(anchor.event))
+        else:
+            self.segment_ms.append(0.0)
+        self.anchors.append(anchor)
+        return len(self.anchors) - 1
+
+    def locate(self, event: Any, first: int) -> tuple[int, float] | None:
+        """(k, d): the first anchor k >= `first` with the event at or before it, and the event's
+        offset from it in float32 ms (d <= 0). None while the event is after the newest anchor."""
+        k = max(first, 0)
+        anchors = self.anchors
+        while k < len(anchors):
+            d = anchors[k].event.elapsed_time(event)
+            if d <= 0.0:
+                return k, d
+            k += 1
+        return None
+
+    def to_host_ns(self, k: int, d_ms: float) -> int:
+        return interpolate(self.anchors, self.segment_ms, k, d_ms)
+
+
+def interpolate(anchors: list[Anchor], segment_ms: list[float], k: int, d_ms: float) -> int:
+    """Host epoch ns of an event `d_ms` (<= 0) from anchor k, on the line through anchors k-1
+    and k: host(k) + d * (host(k) - host(k-1)) / gpu(k - (k-1)). Before the first anchor the
+    slope is 1."""
+    h1 = anchors[k].host_ns
+    if k == 0 or segment_ms[k] <= 0.0:
+        return h1 + round(d_ms * NS_PER_MS)
+    h0 = anchors[k - 1].host_ns
+    gpu_ns = segment_ms[k] * NS_PER_MS
+    return h1 + round(d_ms * NS_PER_MS * (h1 - h0) / gpu_ns)

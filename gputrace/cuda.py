@@ -1,0 +1,55 @@
+"""The CUDA side of recording: the few torch calls the recorder makes, bound once.
+
+Takes: torch with CUDA. Gives: `CudaDevice`, whose attributes the recorder binds into its hot
+path. Tests drive the same recorder with a fake device that has these methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CudaDevice:
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        c = torch._C
+        # Raw calls: torch.cuda.current_stream() builds a Stream object per call (~4-5 us), and
+        # Event.record() without a stream looks it up the same way.
+        self.current_device = c._cuda_getDevice
+        self.raw_stream = c._cuda_getCurrentRawStream
+        self.record = c._CudaEventBase.record
+        self.is_capturing = c._cuda_isCurrentStreamCapturing
+        self._event = torch.cuda.Event
+        self._side: dict[int, Any] = {}
+
+    def count(self) -> int:
+        return int(self._torch.cuda.device_count())
+
+    def initialized(self, dev: int) -> bool:
+        # Anchoring a device the program never touched would create a context on it.
+        return dev == self.current_device() and self._torch.cuda.is_initialized()
+
+    def new_event(self) -> Any:
+        return self._event(enable_timing=True)
+
+    def stream_for(self, dev: int) -> Any:
+        """The current stream of `dev` as a Stream object (slow path, once per track)."""
+        return self._torch.cuda.current_stream(dev)
+
+    def side_stream(self, dev: int) -> Any:
+        """A stream of gputrace's own, idle, where reference events run at once."""
+        s = self._side.get(dev)
+        if s is None:
+            s = self._side[dev] = self._torch.cuda.Stream(device=dev)
+        return s
+
+    def synchronize(self) -> None:
+        torch = self._torch
+        for dev in range(torch.cuda.device_count()):
+            if dev in self._side or dev == self.current_device():
+                torch.cuda.synchronize(dev)
+
+    def name(self, dev: int) -> str:
+        return str(self._torch.cuda.get_device_name(dev))

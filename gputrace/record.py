@@ -1,0 +1,444 @@
+"""Recording: span enter and exit, the hot path.
+
+Takes: span opens and closes from the API (`Span` handles, timers).
+Gives: `Recorder.pending`, closed spans that still hold device events (CUDA tracks) or
+monotonic nanoseconds (host tracks), and one `DeviceTimeline` of anchors per device. At
+`flush()` the spans the GPU has finished go to `resolve`, which makes them absolute.
+
+Hot-path rules, each measured (see benchmarks/): a span records handles, not results; events
+come from a pool; the stream is looked up by its raw handle through a cache, never through
+`torch.cuda.current_stream()`; no strings, dicts, logging or synchronisation. Everything else
+(new tracks, misuse, anchoring, resolving) lives in slow paths the hot path reaches rarely.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from gputrace.clock import DeviceTimeline, HostClock, take_anchor
+from gputrace.config import Config
+from gputrace.errors import GputraceWarning
+from gputrace.resolve import SpanStore, resolve
+
+
+class TimerType(enum.Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Track:
+    """A timeline in the trace: one CUDA stream of one device, or one host thread."""
+
+    __slots__ = ("index", "device", "stream", "ordinal", "name")
+
+    def __init__(self, index: int, device: int | None, stream: Any, ordinal: int, name: str) -> None:
+        self.index = index
+        self.device = device  # None for a host-thread track
+        self.stream = stream
+        self.ordinal = ordinal
+        self.name = name
+
+
+class _Stack(list):  # type: ignore[type-arg]
+    """Open spans of one (thread, device, stream), innermost last."""
+
+    __slots__ = ("track",)
+
+
+class Span:
+    """One span: the handle `span()` returns, and the record the recorder keeps.
+
+    `t0`/`t1` hold CUDA events on a device track and monotonic ns on a host track."""
+
+    __slots__ = ("name", "args", "cuda", "sync", "owner", "track", "stack", "parent", "id", "gen", "t0", "t1", "error")
+
+    def __init__(
+        self, name: str, args: dict[str, Any] | None, cuda: bool = True, sync: bool = False, owner: Any = None
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.cuda = cuda
+        self.sync = sync
+        self.owner = owner
+        self.track: Track | None = None
+        self.t1: Any = None
+        self.error: str | None = None
+
+    def __enter__(self) -> Span:
+        rec = RECORDER
+        if rec is not None:
+            rec.open(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.track is not None:
+            if exc_type is not None:
+                self.error = exc_type.__name__
+            ACTIVE.close(self)  # type: ignore[union-attr]
+
+    def start(self) -> Span:
+        """Open the span; pair with `.end()`."""
+        return self.__enter__()
+
+    def end(self) -> None:
+        """Close the span. On a handle that was never started, close the innermost open span
+        of this name on the current stream (the `span("iteration").end()` loop idiom)."""
+        if self.track is not None:
+            ACTIVE.close(self)  # type: ignore[union-attr]
+        elif RECORDER is not None:
+            RECORDER.close_by_name(self)
+
+    def __repr__(self) -> str:
+        return f"<gputrace span {self.name!r}>"
+
+
+class _NoopSpan:
+    """What `span()` returns while recording is off: one shared object that does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoopSpan:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        return None
+
+    def start(self) -> _NoopSpan:
+        return self
+
+    def end(self) -> None:
+        return None
+
+
+NOOP = _NoopSpan()
+# RECORDER is None while recording is off; ACTIVE keeps the last recorder, so spans opened
+# before disable() still close and saving still works.
+RECORDER: Recorder | None = None
+ACTIVE: Recorder | None = None
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Misuse is reported once per kind, never raised into the user's training loop."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, GputraceWarning, stacklevel=3)
+
+
+class Recorder:
+    """Holds the open stacks, the event pool, the pending list and the device timelines.
+
+    `device` is a `gputrace.cuda.CudaDevice` (or a test double with the same methods); None
+    records host spans only."""
+
+    def __init__(self, config: Config, device: Any, clock: HostClock) -> None:
+        self.config = config
+        self.device = device
+        self.clock = clock
+        self.store = SpanStore(config.max_spans)
+        self.tracks: list[Track] = []
+        self.pending: list[Span] = []
+        self.pools: list[list[Any]] = []  # per device: finished events to record again
+        self.timelines: list[DeviceTimeline] = []
+        self.gens: list[int] = []  # per device: the index the next anchor will get
+        self.skipped_in_capture = 0
+        self._stacks: list[_Stack] = []  # every stack of every thread, for save-time and misuse
+        self._local = threading.local()
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1).__next__
+        self._mono = clock.monotonic_ns
+        self._track_keys: dict[Any, Track] = {}
+        self._check_at = config.max_pending
+        if device is not None:
+            self._cur_dev = device.current_device
+            self._raw_stream = device.raw_stream
+            self._new_event = device.new_event
+            self._record = device.record
+            self._capturing = device.is_capturing
+            for _ in range(device.count()):
+                self.timelines.append(DeviceTimeline())
+                self.gens.append(0)
+                self.pools.append([])
+            for dev in range(device.count()):
+                if device.initialized(dev):
+                    self._anchor(dev)
+
+    # ---- hot path -------------------------------------------------------------------------
+
+    def open(self, s: Span) -> None:
+        try:
+            stacks = self._local.stacks
+        except AttributeError:
+            stacks = self._local.stacks = {}
+        if s.cuda and self.device is not None:
+            dev = self._cur_dev()
+            key = (dev, self._raw_stream(dev))
+            stack = stacks.get(key)
+            if stack is None:
+                stack = self._new_stack(stacks, key)
+                if stack is None:  # capturing a CUDA graph: see _new_stack
+                    return
+            elif self._capturing():
+                self._skip_capture()
+                return
+            if s.sync:
+                self.device.synchronize()
+            pool = self.pools[dev]
+            ev = pool.pop() if pool else self._new_event()
+            self._record(ev, stack.track.stream)
+            s.t0 = ev
+            s.gen = self.gens[dev]
+        else:
+            stack = stacks.get(None)
+            if stack is None:
+                stack = self._new_stack(stacks, None)
+            s.t0 = self._mono()
+        s.track = stack.track
+        s.stack = stack
+        s.parent = stack[-1] if stack else None
+        s.id = self._ids()
+        stack.append(s)
+
+    def close(self, s: Span) -> None:
+        if s.t1 is not None:
+            warn_once("double-end", f"span {s.name!r} ended twice; the second end is ignored")
+            return
+        track = s.track
+        if track.device is not None:  # type: ignore[union-attr]
+            if s.sync:
+                self.device.synchronize()
+            pool = self.pools[track.device]  # type: ignore[union-attr]
+            ev = pool.pop() if pool else self._new_event()
+            self._record(ev, track.stream)  # type: ignore[union-attr]
+            s.t1 = ev
+        else:
+            s.t1 = self._mono()
+        stack = s.stack
+        if stack and stack[-1] is s:
+            stack.pop()
+        else:
+            self._close_out_of_order(s)
+        pending = self.pending
+        pending.append(s)
+        if len(pending) >= self._check_at:
+            self._pending_full()
+
+    # ---- slow paths -----------------------------------------------------------------------
+
+    def _new_stack(self, stacks: dict[Any, _Stack], key: Any) -> _Stack | None:
+        with self._lock:
+            if key is None:
+                thread = threading.current_thread()
+                tkey: Any = ("thread", thread.ident)
+                track = self._track_keys.get(tkey)
+                if track is None:
+                    n = sum(1 for t in self.tracks if t.device is None)
+                    track = self._add_track(tkey, None, None, n, f"thread {thread.name} (host)")
+            else:
+                if self.device.is_capturing():
+                    self._skip_capture()
+                    return None
+                dev, raw = key
+                track = self._track_keys.get(key)
+                if track is None:
+                    if not self.timelines[dev].anchors:
+                        self._anchor(dev)
+                    n = sum(1 for t in self.tracks if t.device == dev)
+                    label = "default stream" if raw == 0 else f"stream {n}"
+                    track = self._add_track(key, dev, self.device.stream_for(dev), n, f"cuda:{dev} {label}")
+            stack = _Stack()
+            stack.track = track
+            stacks[key] = stack
+            self._stacks.append(stack)
+            return stack
+
+    def _add_track(self, key: Any, dev: int | None, stream: Any, ordinal: int, name: str) -> Track:
+        track = Track(len(self.tracks), dev, stream, ordinal, name)
+        self.tracks.append(track)
+        self._track_keys[key] = track
+        return track
+
+    def _skip_capture(self) -> None:
+        # Timing events cannot be recorded into a CUDA graph without changing it, and a failed
+        # call would invalidate the user's capture: spans opened during capture record nothing.
+        self.skipped_in_capture += 1
+        warn_once("capture", "gputrace spans inside CUDA graph capture are not recorded (counted in the trace)")
+
+    def _close_out_of_order(self, s: Span) -> None:
+        stack = s.stack
+        if s in stack:
+            warn_once(
+                "misnest",
+                f"span {s.name!r} ended before spans opened inside it; they are kept, and any that "
+                "cannot nest are drawn on an overflow track",
+            )
+            stack.remove(s)
+
+    def close_by_name(self, handle: Span) -> None:
+        """`span("x").end()` on a fresh handle: close the innermost open "x" on this stream."""
+        stacks = getattr(self._local, "stacks", {})
+        if handle.cuda and self.device is not None:
+            dev = self._cur_dev()
+            stack = stacks.get((dev, self._raw_stream(dev)))
+        else:
+            stack = stacks.get(None)
+        for s in reversed(stack or ()):
+            if s.name == handle.name:
+                self.close(s)
+                return
+        warn_once(f"end-unopened:{handle.name}", f"span {handle.name!r} ended but none is open on this stream; ignored")
+
+    def _pending_full(self) -> None:
+        self.flush(wait=False)
+        # Whatever the GPU has not finished stays; look again after another max_pending spans.
+        self._check_at = len(self.pending) + self.config.max_pending
+
+    def _anchor(self, dev: int) -> None:
+        pool = self.pools[dev]
+        anchor = take_anchor(
+            lambda: pool.pop() if pool else self._new_event(),
+            self._record,
+            self.device.side_stream(dev),
+            self.clock,
+            self.config.anchor_tries,
+            pool.append,
+        )
+        self.gens[dev] = self.timelines[dev].add(anchor) + 1
+
+    # ---- flush and save -------------------------------------------------------------------
+
+    def flush(self, wait: bool = False) -> int:
+        """Resolve every span the GPU has finished (all of them with `wait`) into the store.
+        Without `wait` it never drains the GPU: it asks events, and anchors on a side stream."""
+        with self._lock:
+            if wait and self.device is not None:
+                self.device.synchronize()
+            pending, self.pending = self.pending, []
+            done, waiting = _split_finished(pending) if not wait else (pending, [])
+            devices = {s.track.device for s in done} - {None}  # type: ignore[union-attr]
+            for dev in sorted(devices):  # type: ignore[type-var]
+                self._anchor(dev)  # type: ignore[arg-type]
+            later = resolve(done, self.timelines, self.clock, self.store, self.pools)
+            self.pending = later + waiting + self.pending
+            self._check_at = len(self.pending) + self.config.max_pending
+            return len(done) - len(later)
+
+    def open_spans(self) -> list[Span]:
+        with self._lock:
+            return [s for stack in self._stacks for s in stack]
+
+
+def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:
+    """Split closed spans into those whose end event has run and the rest, without waiting.
+
+    On one stream events complete in the order they were recorded, so per track the finished
+    spans are a prefix of its pending spans: a binary search asks O(log n) events."""
+    by_track: dict[int, list[Span]] = {}
+    done: list[Span] = []
+    for s in pending:
+        if s.track.device is None:  # type: ignore[union-attr]
+            done.append(s)
+        else:
+            by_track.setdefault(s.track.index, []).append(s)  # type: ignore[union-attr]
+    waiting: list[Span] = []
+    for spans in by_track.values():
+        lo, hi = 0, len(spans)  # spans[:lo] finished, spans[hi:] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if spans[mid].t1.query():
+                lo = mid + 1
+            else:
+                hi = mid
+        done.extend(spans[:lo])
+        waiting.extend(spans[lo:])
+    return done, waiting
+
+
+# ---- the user-facing constructors ---------------------------------------------------------------
+
+
+class _DisabledSpan(_NoopSpan):
+    """A do-nothing handle that remembers its name, so `@span("name")` applied while recording
+    is off still traces under that name once recording is turned on."""
+
+    __slots__ = ("name", "args", "cuda", "sync")
+
+    def __init__(self, name: str, args: dict[str, Any] | None, cuda: bool, sync: bool) -> None:
+        self.name, self.args, self.cuda, self.sync = name, args, cuda, sync
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return traced(fn, self.name, self.args, self.cuda, self.sync)
+
+
+_disabled: dict[str, _DisabledSpan] = {}
+
+
+def span(
+    name: Any,
+    /,
+    *,
+    timer_type: TimerType | str = TimerType.CUDA,
+    cuda_sync: bool = False,
+    **args: Any,
+) -> Any:
+    """A span: `with span("fwd"):`, `@span`, `@span("name")`, or `s = span("x").start(); s.end()`.
+
+    Keyword arguments other than `timer_type` and `cuda_sync` land in the trace event's args.
+    While recording is off this returns a shared do-nothing object."""
+    if name.__class__ is not str:
+        if callable(name):  # bare @span
+            return traced(name, _qualname(name), None, True, False)
+        raise TypeError(f"span() takes a name (str) or a function, not {type(name).__name__}")
+    cuda = timer_type is TimerType.CUDA or timer_type == "cuda"
+    if RECORDER is None:
+        if args or not cuda or cuda_sync:
+            return _DisabledSpan(name, args, cuda, cuda_sync)
+        handle = _disabled.get(name)
+        if handle is None:
+            handle = _DisabledSpan(name, None, True, False)
+            if len(_disabled) < 4096:
+                _disabled[name] = handle
+        return handle
+    return Span(name, args or None, cuda, cuda_sync)
+
+
+def _span_call(self: Span, fn: Callable[..., Any]) -> Callable[..., Any]:
+    return traced(fn, self.name, self.args, self.cuda, self.sync)
+
+
+Span.__call__ = _span_call  # type: ignore[attr-defined]
+
+
+def traced(
+    fn: Callable[..., Any], name: str, args: dict[str, Any] | None, cuda: bool, sync: bool, owner: Any = None
+) -> Callable[..., Any]:
+    """Wrap `fn` in a span. The wrapper checks one flag per call, so recording turned on after
+    decoration (the usual order: decorate at import, enable in main) still works."""
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        rec = RECORDER
+        if rec is None:
+            return fn(*a, **k)
+        s = Span(name, args, cuda, sync, owner)
+        rec.open(s)
+        try:
+            return fn(*a, **k)
+        except BaseException as e:
+            s.error = type(e).__name__
+            raise
+        finally:
+            if s.track is not None:
+                ACTIVE.close(s)  # type: ignore[union-attr]
+
+    return wrapper
+
+
+def _qualname(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

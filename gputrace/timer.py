@@ -1,0 +1,181 @@
+"""A nanotron-compatible timer facade over the same recorder.
+
+Takes: `timer("name", timer_type=TimerType.CUDA, cuda_sync=False)` used as a context manager,
+a decorator (every form, `@timer("name")` included) or `.start()`/`.end()`.
+Gives: `TimerRecord`s with `.elapsed`, `.total_time`, `.average_time` (seconds) and
+`.call_count`, every call also a span in the trace. Values of CUDA timers are resolved when
+read (that waits for the GPU, as reading a CUDA timer must), never in the timed code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gputrace import api, record
+from gputrace.dist import rank_info
+from gputrace.record import Span, TimerType, traced, warn_once
+
+
+class TimerRecord:
+    """One named timer: its running spans and the totals of its finished ones."""
+
+    def __init__(self, name: str, timer_type: TimerType = TimerType.CUDA, cuda_sync: bool = False) -> None:
+        self.name = name
+        self.timer_type = timer_type
+        self.cuda_sync = cuda_sync
+        self.call_count = 0
+        self._running: list[Span] = []
+        self._total_ns = 0
+        self._last_ns = 0
+        self._resolved = 0
+
+    # -- recording --
+    def start(self) -> TimerRecord:
+        rec = record.RECORDER
+        if rec is not None:
+            s = Span(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
+            rec.open(s)
+            if s.track is not None:
+                self._running.append(s)
+        return self
+
+    def end(self) -> None:
+        if not self._running:
+            if record.RECORDER is not None:
+                warn_once(f"timer-not-running:{self.name}", f"timer {self.name!r} ended but not running; ignored")
+            return
+        s = self._running.pop()
+        record.ACTIVE.close(s)  # type: ignore[union-attr]
+        self.call_count += 1
+
+    def __enter__(self) -> TimerRecord:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and self._running:
+            self._running[-1].error = exc_type.__name__
+        self.end()
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return traced(fn, self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, owner=self)
+
+    def add_ns(self, ns: int) -> None:
+        """Called by the resolver for each finished span of this timer."""
+        self._total_ns += ns
+        self._last_ns = ns
+        self._resolved += 1
+        if self._resolved > self.call_count:  # decorator calls count here
+            self.call_count = self._resolved
+
+    # -- values (seconds, as nanotron) --
+    def _settle(self) -> None:
+        if self._resolved < self.call_count and record.ACTIVE is not None:
+            record.ACTIVE.flush(wait=True)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds of the last finished call."""
+        self._settle()
+        return self._last_ns / 1e9
+
+    @property
+    def total_time(self) -> float:
+        self._settle()
+        return self._total_ns / 1e9
+
+    @property
+    def average_time(self) -> float:
+        self._settle()
+        return self._total_ns / self._resolved / 1e9 if self._resolved else 0.0
+
+    @property
+    def running(self) -> bool:
+        return bool(self._running)
+
+    def reset(self) -> None:
+        self.call_count = self._total_ns = self._last_ns = self._resolved = 0
+
+    def summary(self) -> str:
+        return (
+            f"Timer '{self.name}' ({self.timer_type.value}): {self.total_time * 1e3:.2f}ms total, "
+            f"{self.average_time * 1e3:.2f}ms avg, {self.call_count} calls"
+        )
+
+
+class Timers:
+    """`timer`: one `TimerRecord` per name."""
+
+    def __init__(self) -> None:
+        self._timers: dict[str, TimerRecord] = {}
+
+    def __call__(
+        self, name: Any, timer_type: TimerType | str = TimerType.CUDA, cuda_sync: bool = False
+    ) -> Any:
+        if callable(name) and not isinstance(name, str):  # bare @timer
+            fn = name
+            return self(getattr(fn, "__qualname__", repr(fn)))(fn)
+        if not isinstance(name, str):
+            raise TypeError(f"timer() takes a name (str), not {type(name).__name__}")
+        tt = TimerType(timer_type) if isinstance(timer_type, str) else timer_type
+        t = self._timers.get(name)
+        if t is None:
+            t = self._timers[name] = TimerRecord(name, tt, cuda_sync)
+        elif t.timer_type is not tt:
+            warn_once(f"timer-type:{name}", f"timer {name!r} exists as {t.timer_type.value}; {tt.value} ignored")
+        return t
+
+    def __getitem__(self, name: str) -> TimerRecord:
+        return self._timers[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._timers
+
+    def enable(self, **options: Any) -> None:
+        api.enable(**options)
+
+    def disable(self) -> None:
+        api.disable()
+
+    def is_enabled(self) -> bool:
+        return api.is_enabled()
+
+    def reset(self, name: str | None = None) -> None:
+        """Reset one timer, or all of them."""
+        for t in self._timers.values() if name is None else [self._timers[name]] if name in self._timers else []:
+            t.reset()
+
+    def reset_all(self) -> None:
+        self.reset()
+
+    def log(self, name: str, logger: Any = None, rank: int | None = 0) -> None:
+        """Print (or `logger.info`) one timer's totals, on `rank` only (None: every rank)."""
+        t = self._timers.get(name)
+        if t is None or t.call_count == 0 or not _on_rank(rank):
+            return
+        _emit(logger, t.summary())
+
+    def log_all(self, logger: Any = None, rank: int | None = None) -> None:
+        """Print (or `logger.info`) every timer's totals, on `rank` only (None: every rank)."""
+        if not _on_rank(rank):
+            return
+        timers = [t for _, t in sorted(self._timers.items()) if t.call_count]
+        if timers:
+            me = rank_info().rank
+            _emit(logger, f"---- Timing information (rank {me}) ----")
+            for t in timers:
+                _emit(logger, t.summary())
+
+
+def _on_rank(rank: int | None) -> bool:
+    return rank is None or rank_info().rank == rank
+
+
+def _emit(logger: Any, line: str) -> None:
+    if logger is None:
+        print(line, flush=True)
+    else:
+        logger.info(line)
+
+
+timer = Timers()
