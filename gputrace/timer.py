@@ -9,12 +9,13 @@ read (that waits for the GPU, as reading a CUDA timer must), never in the timed 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from gputrace import api, record
 from gputrace.dist import rank_info
-from gputrace.record import Span, TimerType, traced, warn_once
+from gputrace.record import Span, TimerType, warn_once
 
 
 class TimerRecord:
@@ -58,15 +59,18 @@ class TimerRecord:
         self.end()
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return traced(fn, self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, owner=self)
+        @functools.wraps(fn)
+        def timed(*a: Any, **k: Any) -> Any:
+            with self:
+                return fn(*a, **k)
+
+        return timed
 
     def add_ns(self, ns: int) -> None:
         """Called by the resolver for each finished span of this timer."""
         self._total_ns += ns
         self._last_ns = ns
         self._resolved += 1
-        if self._resolved > self.call_count:  # decorator calls count here
-            self.call_count = self._resolved
 
     # -- values (seconds, as nanotron) --
     def _settle(self) -> None:
@@ -110,8 +114,9 @@ class Timers:
         self._timers: dict[str, TimerRecord] = {}
 
     def __call__(
-        self, name: Any, timer_type: TimerType | str = TimerType.CUDA, cuda_sync: bool = False
+        self, name: Any, timer_type: TimerType | str | None = None, cuda_sync: bool = False
     ) -> Any:
+        """The timer called `name` (made on first use; CUDA unless `timer_type` says CPU)."""
         if callable(name) and not isinstance(name, str):  # bare @timer
             fn = name
             return self(getattr(fn, "__qualname__", repr(fn)))(fn)
@@ -120,8 +125,8 @@ class Timers:
         tt = TimerType(timer_type) if isinstance(timer_type, str) else timer_type
         t = self._timers.get(name)
         if t is None:
-            t = self._timers[name] = TimerRecord(name, tt, cuda_sync)
-        elif t.timer_type is not tt:
+            t = self._timers[name] = TimerRecord(name, tt or TimerType.CUDA, cuda_sync)
+        elif tt is not None and t.timer_type is not tt:
             warn_once(f"timer-type:{name}", f"timer {name!r} exists as {t.timer_type.value}; {tt.value} ignored")
         return t
 

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import gputrace
+from gputrace import api, record
+from gputrace.clock import HostClock
+from gputrace.config import Config
+from gputrace.record import Recorder
+
+from .fakes import FakeDevice
+
+EPOCH = 1_700_000_000_000_000_000  # the fake realtime clock's epoch offset
+
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    HAS_CUDA = False
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test starts with recording off and no recorder, and must leave none running."""
+    for name in ("GPUTRACE", "ENABLE_TIMERS", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.startswith("GPUTRACE_"):
+            monkeypatch.delenv(name)
+    _reset()
+    yield
+    _reset()
+
+
+def _reset() -> None:
+    record.RECORDER = None
+    record.ACTIVE = None
+    record._warned.clear()
+    record._disabled.clear()
+    api._clock = None
+    api._config = Config()
+    gputrace.timer._timers.clear()
+
+
+def fake_clock(fake: FakeDevice) -> HostClock:
+    return HostClock(monotonic_ns=fake.monotonic_ns, realtime_ns=lambda: fake.now + EPOCH)
+
+
+def install(fake: FakeDevice | None = None, **options: Any) -> Recorder:
+    """A recorder driven by `fake` (None: host spans only, on the real clock), made current."""
+    clock = fake_clock(fake) if fake is not None else HostClock()
+    rec = Recorder(Config().replace(**options), fake, clock)
+    record.RECORDER = record.ACTIVE = rec
+    api._clock = clock
+    return rec
+
+
+def spans_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """X events with absolute `start`/`end` ns and the track name added."""
+    base = trace["baseTimeNanoseconds"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    out = []
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            start = base + round(e["ts"] * 1000)
+            out.append({**e, "start": start, "end": start + round(e["dur"] * 1000), "track": names[(e["pid"], e["tid"])]})
+    return out
+
+
+def run_py(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout)
