@@ -18,9 +18,27 @@ from gputrace.timer import TimerRecord, Timers, timer
 from gputrace.version import __version__
 
 __all__ = [
-    "Config", "ConfigError", "GputraceError", "GputraceWarning", "HostClock", "MergeError", "Span",
-    "TimerRecord", "TimerType", "Timers", "TraceFormatError", "__version__", "disable", "enable",
-    "flush", "is_enabled", "save", "set_host_clock", "span", "timer", "trace_dict",
+    "Config",
+    "ConfigError",
+    "GputraceError",
+    "GputraceWarning",
+    "HostClock",
+    "MergeError",
+    "Span",
+    "TimerRecord",
+    "TimerType",
+    "Timers",
+    "TraceFormatError",
+    "__version__",
+    "disable",
+    "enable",
+    "flush",
+    "is_enabled",
+    "save",
+    "set_host_clock",
+    "span",
+    "timer",
+    "trace_dict",
 ]
 
 if enabled_from_env():

@@ -10,6 +10,7 @@ import atexit
 import os
 import socket
 import statistics
+import sys
 import threading
 import warnings
 from typing import Any
@@ -93,9 +94,14 @@ def _build() -> Recorder:
         rec = record.ACTIVE
         if rec is None:
             device = None
-            if _config.cuda:
+            torch = sys.modules.get("torch")
+            if torch is not None or _config.cuda:
                 import torch
 
+                is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+                if is_compiling is not None:
+                    record._compiling = is_compiling
+            if _config.cuda:
                 if torch.cuda.is_available():
                     from gputrace.cuda import CudaDevice
 
@@ -181,7 +187,7 @@ def _open_span_snapshot(rec: Recorder) -> SpanStore:
     copies = []
     for s in rec.open_spans():
         c = Span(s.name, {**(s.args or {}), "unfinished": True})
-        c.track, c.parent, c.id, c.t0 = s.track, s.parent, s.id, s.t0
+        c.stack, c.parent, c.id, c.t0 = s.stack, s.parent, rec.store.id_of(s), s.t0
         if s.track.device is None:  # type: ignore[union-attr]
             c.t1 = rec.clock.monotonic_ns()
         else:
@@ -204,7 +210,12 @@ def _clock_meta(rec: Recorder) -> dict[str, Any]:
         if tl.anchors:
             u = [a.uncertainty_ns for a in tl.anchors]
             devices.append(
-                {"device": dev, "anchors": len(u), "uncertainty_ns_median": int(statistics.median(u)), "uncertainty_ns_max": max(u)}
+                {
+                    "device": dev,
+                    "anchors": len(u),
+                    "uncertainty_ns_median": int(statistics.median(u)),
+                    "uncertainty_ns_max": max(u),
+                }
             )
     return {
         "host": "CLOCK_MONOTONIC + realtime offset measured at start",

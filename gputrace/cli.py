@@ -6,7 +6,6 @@ exit status 2, never a traceback. Importing this module does not import torch.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any

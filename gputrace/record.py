@@ -13,6 +13,7 @@ come from a pool; the stream is looked up by its raw handle through a cache, nev
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import itertools
@@ -54,21 +55,18 @@ class _Stack(list):  # type: ignore[type-arg]
 class Span:
     """One span: the handle `span()` returns, and the record the recorder keeps.
 
-    `t0`/`t1` hold CUDA events on a device track and monotonic ns on a host track."""
+    `t0`/`t1` hold CUDA events on a device track and monotonic ns on a host track. `stack` is
+    unset until the span opens (None if it was skipped). The hot path sets as few fields as it
+    can: `id` is given at resolve time, `error` only on an exception."""
 
-    __slots__ = ("name", "args", "cuda", "sync", "owner", "track", "stack", "parent", "id", "gen", "t0", "t1", "error")
+    __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "error")
+    cuda = True  # class-level defaults; OptSpan holds them per span
+    sync = False
+    owner: Any = None
 
-    def __init__(
-        self, name: str, args: dict[str, Any] | None, cuda: bool = True, sync: bool = False, owner: Any = None
-    ) -> None:
+    def __init__(self, name: str, args: dict[str, Any] | None = None) -> None:
         self.name = name
         self.args = args
-        self.cuda = cuda
-        self.sync = sync
-        self.owner = owner
-        self.track: Track | None = None
-        self.t1: Any = None
-        self.error: str | None = None
 
     def __enter__(self) -> Span:
         rec = RECORDER
@@ -77,10 +75,11 @@ class Span:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.track is not None:
-            if exc_type is not None:
-                self.error = exc_type.__name__
-            ACTIVE.close(self)  # type: ignore[union-attr]
+        if exc_type is not None:
+            self.error = exc_type.__name__
+        rec = ACTIVE
+        if rec is not None:
+            rec.close(self)
 
     def start(self) -> Span:
         """Open the span; pair with `.end()`."""
@@ -89,13 +88,39 @@ class Span:
     def end(self) -> None:
         """Close the span. On a handle that was never started, close the innermost open span
         of this name on the current stream (the `span("iteration").end()` loop idiom)."""
-        if self.track is not None:
-            ACTIVE.close(self)  # type: ignore[union-attr]
-        elif RECORDER is not None:
-            RECORDER.close_by_name(self)
+        try:
+            self.stack  # noqa: B018
+        except AttributeError:
+            if RECORDER is not None:
+                RECORDER.close_by_name(self)
+            return
+        self.__exit__(None, None, None)
+
+    @property
+    def track(self) -> Track | None:
+        stack = getattr(self, "stack", None)
+        return stack.track if stack is not None else None
 
     def __repr__(self) -> str:
         return f"<gputrace span {self.name!r}>"
+
+
+class OptSpan(Span):
+    """A span with options: a host span, `cuda_sync`, or one that reports to a timer."""
+
+    __slots__ = ("cuda", "sync", "owner")
+
+    def __init__(
+        self, name: str, args: dict[str, Any] | None = None, cuda: bool = True, sync: bool = False, owner: Any = None
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.cuda = cuda
+        self.sync = sync
+        self.owner = owner
+
+
+_new = object.__new__
 
 
 class _NoopSpan:
@@ -155,6 +180,7 @@ class Recorder:
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
         self._check_at = config.max_pending
+        self._has_device = device is not None
         if device is not None:
             self._cur_dev = device.current_device
             self._raw_stream = device.raw_stream
@@ -172,21 +198,19 @@ class Recorder:
     # ---- hot path -------------------------------------------------------------------------
 
     def open(self, s: Span) -> None:
-        try:
-            stacks = self._local.stacks
-        except AttributeError:
-            stacks = self._local.stacks = {}
-        if s.cuda and self.device is not None:
+        if s.cuda and self._has_device:
+            try:
+                stacks = self._local.cuda
+            except AttributeError:
+                stacks = self._local.cuda = {}
             dev = self._cur_dev()
             key = (dev, self._raw_stream(dev))
             stack = stacks.get(key)
-            if stack is None:
+            if stack is None or self._capturing():
                 stack = self._new_stack(stacks, key)
                 if stack is None:  # capturing a CUDA graph: see _new_stack
+                    s.stack = None
                     return
-            elif self._capturing():
-                self._skip_capture()
-                return
             if s.sync:
                 self.device.synchronize()
             pool = self.pools[dev]
@@ -195,35 +219,32 @@ class Recorder:
             s.t0 = ev
             s.gen = self.gens[dev]
         else:
-            stack = stacks.get(None)
-            if stack is None:
-                stack = self._new_stack(stacks, None)
+            try:
+                stack = self._local.host
+            except AttributeError:
+                stack = self._new_stack(None, None)
             s.t0 = self._mono()
-        s.track = stack.track
-        s.stack = stack
         s.parent = stack[-1] if stack else None
-        s.id = self._ids()
+        s.stack = stack
         stack.append(s)
 
     def close(self, s: Span) -> None:
-        if s.t1 is not None:
-            warn_once("double-end", f"span {s.name!r} ended twice; the second end is ignored")
-            return
-        track = s.track
-        if track.device is not None:  # type: ignore[union-attr]
-            if s.sync:
-                self.device.synchronize()
-            pool = self.pools[track.device]  # type: ignore[union-attr]
-            ev = pool.pop() if pool else self._new_event()
-            self._record(ev, track.stream)  # type: ignore[union-attr]
-            s.t1 = ev
-        else:
-            s.t1 = self._mono()
         stack = s.stack
         if stack and stack[-1] is s:
             stack.pop()
+        elif not self._close_unusual(s):
+            return
+        track = stack.track
+        dev = track.device
+        if dev is None:
+            s.t1 = self._mono()
         else:
-            self._close_out_of_order(s)
+            if s.sync:
+                self.device.synchronize()
+            pool = self.pools[dev]
+            ev = pool.pop() if pool else self._new_event()
+            self._record(ev, track.stream)
+            s.t1 = ev
         pending = self.pending
         pending.append(s)
         if len(pending) >= self._check_at:
@@ -231,7 +252,7 @@ class Recorder:
 
     # ---- slow paths -----------------------------------------------------------------------
 
-    def _new_stack(self, stacks: dict[Any, _Stack], key: Any) -> _Stack | None:
+    def _new_stack(self, stacks: dict[Any, _Stack] | None, key: Any) -> _Stack | None:
         with self._lock:
             if key is None:
                 thread = threading.current_thread()
@@ -244,6 +265,8 @@ class Recorder:
                 if self.device.is_capturing():
                     self._skip_capture()
                     return None
+                if key in stacks:  # type: ignore[operator]
+                    return stacks[key]  # type: ignore[index]
                 dev, raw = key
                 track = self._track_keys.get(key)
                 if track is None:
@@ -254,7 +277,10 @@ class Recorder:
                     track = self._add_track(key, dev, self.device.stream_for(dev), n, f"cuda:{dev} {label}")
             stack = _Stack()
             stack.track = track
-            stacks[key] = stack
+            if stacks is None:
+                self._local.host = stack
+            else:
+                stacks[key] = stack
             self._stacks.append(stack)
             return stack
 
@@ -270,24 +296,35 @@ class Recorder:
         self.skipped_in_capture += 1
         warn_once("capture", "gputrace spans inside CUDA graph capture are not recorded (counted in the trace)")
 
-    def _close_out_of_order(self, s: Span) -> None:
-        stack = s.stack
-        if s in stack:
+    def _close_unusual(self, s: Span) -> bool:
+        """A close that is not of the innermost open span. True: record its end."""
+        stack = getattr(s, "stack", False)
+        if stack is None:  # skipped during CUDA graph capture
+            return False
+        if stack is False:
+            warn_once("never-started", f"span {s.name!r} ended but never started; ignored")
+            return False
+        if any(x is s for x in stack):
             warn_once(
                 "misnest",
                 f"span {s.name!r} ended before spans opened inside it; they are kept, and any that "
                 "cannot nest are drawn on an overflow track",
             )
-            stack.remove(s)
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is s:
+                    del stack[i]
+                    break
+            return True
+        warn_once("double-end", f"span {s.name!r} ended twice; the second end is ignored")
+        return False
 
     def close_by_name(self, handle: Span) -> None:
         """`span("x").end()` on a fresh handle: close the innermost open "x" on this stream."""
-        stacks = getattr(self._local, "stacks", {})
-        if handle.cuda and self.device is not None:
+        if handle.cuda and self._has_device:
             dev = self._cur_dev()
-            stack = stacks.get((dev, self._raw_stream(dev)))
+            stack = getattr(self._local, "cuda", {}).get((dev, self._raw_stream(dev)))
         else:
-            stack = stacks.get(None)
+            stack = getattr(self._local, "host", None)
         for s in reversed(stack or ()):
             if s.name == handle.name:
                 self.close(s)
@@ -379,33 +416,60 @@ class _DisabledSpan(_NoopSpan):
 _disabled: dict[str, _DisabledSpan] = {}
 
 
-def span(
-    name: Any,
-    /,
-    *,
-    timer_type: TimerType | str = TimerType.CUDA,
-    cuda_sync: bool = False,
-    **args: Any,
-) -> Any:
+def span(name: Any, /, **args: Any) -> Any:
     """A span: `with span("fwd"):`, `@span`, `@span("name")`, or `s = span("x").start(); s.end()`.
 
-    Keyword arguments other than `timer_type` and `cuda_sync` land in the trace event's args.
-    While recording is off this returns a shared do-nothing object."""
+    Keyword arguments land in the trace event's args, except `timer_type` (TimerType.CUDA, the
+    default, or TimerType.CPU / "cpu" for a host-thread span) and `cuda_sync=True` (synchronise
+    the device before each record, as nanotron's option does). While recording is off this
+    returns a shared do-nothing object."""
+    if RECORDER is None:
+        if not args:
+            handle = _disabled.get(name)
+            if handle is not None:
+                return handle
+        return _span_slow(name, args)
+    if args or name.__class__ is not str:
+        return _span_slow(name, args)
+    if _compiling():
+        # Under torch.compile the span is nullcontext(), which Dynamo traces through without a
+        # graph break: a span times around a compiled region, not inside it.
+        return contextlib.nullcontext()
+    s = _new(Span)
+    s.name = name
+    s.args = None
+    return s
+
+
+def _span_slow(name: Any, args: dict[str, Any]) -> Any:
     if name.__class__ is not str:
-        if callable(name):  # bare @span
+        if callable(name) and not args:  # bare @span
             return traced(name, _qualname(name), None, True, False)
         raise TypeError(f"span() takes a name (str) or a function, not {type(name).__name__}")
+    timer_type = args.pop("timer_type", TimerType.CUDA)
+    sync = bool(args.pop("cuda_sync", False))
     cuda = timer_type is TimerType.CUDA or timer_type == "cuda"
+    if not cuda and not (timer_type is TimerType.CPU or timer_type == "cpu"):
+        raise ValueError(f"timer_type must be TimerType.CUDA or TimerType.CPU, not {timer_type!r}")
     if RECORDER is None:
-        if args or not cuda or cuda_sync:
-            return _DisabledSpan(name, args, cuda, cuda_sync)
-        handle = _disabled.get(name)
-        if handle is None:
-            handle = _DisabledSpan(name, None, True, False)
-            if len(_disabled) < 4096:
-                _disabled[name] = handle
+        if args or not cuda or sync:
+            return _DisabledSpan(name, args or None, cuda, sync)
+        handle = _disabled[name] = _DisabledSpan(name, None, True, False)
+        if len(_disabled) > 4096:  # names built per step must not grow this without bound
+            _disabled.clear()
         return handle
-    return Span(name, args or None, cuda, cuda_sync)
+    if _compiling():
+        return contextlib.nullcontext()
+    if cuda and not sync:
+        return Span(name, args or None)
+    return OptSpan(name, args or None, cuda, sync)
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+_compiling = _not_compiling  # torch.compiler.is_compiling once a recorder with torch exists
 
 
 def _span_call(self: Span, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -416,26 +480,20 @@ Span.__call__ = _span_call  # type: ignore[attr-defined]
 
 
 def traced(
-    fn: Callable[..., Any], name: str, args: dict[str, Any] | None, cuda: bool, sync: bool, owner: Any = None
+    fn: Callable[..., Any], name: str, args: dict[str, Any] | None, cuda: bool, sync: bool
 ) -> Callable[..., Any]:
     """Wrap `fn` in a span. The wrapper checks one flag per call, so recording turned on after
     decoration (the usual order: decorate at import, enable in main) still works."""
+    plain = cuda and not sync
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
         rec = RECORDER
-        if rec is None:
+        if rec is None or _compiling():
             return fn(*a, **k)
-        s = Span(name, args, cuda, sync, owner)
-        rec.open(s)
-        try:
+        s = Span(name, args) if plain else OptSpan(name, args, cuda, sync)
+        with s:
             return fn(*a, **k)
-        except BaseException as e:
-            s.error = type(e).__name__
-            raise
-        finally:
-            if s.track is not None:
-                ACTIVE.close(s)  # type: ignore[union-attr]
 
     return wrapper
 

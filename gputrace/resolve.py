@@ -32,6 +32,16 @@ class SpanStore:
         self.parent = array("q")  # 0: none
         self.args: list[dict[str, Any] | None] = []
         self.dropped = 0
+        self._last_id = 0
+
+    def id_of(self, s: Span) -> int:
+        """A span's id, given on first need (the hot path never numbers spans)."""
+        try:
+            return s.id
+        except AttributeError:
+            self._last_id += 1
+            s.id = self._last_id
+            return s.id
 
     def __len__(self) -> int:
         return len(self.start)
@@ -43,7 +53,9 @@ class SpanStore:
             self.names.append(name)
         return i
 
-    def add(self, name: str, track: int, start: int, end: int, id_: int, parent: int, args: dict[str, Any] | None) -> None:
+    def add(
+        self, name: str, track: int, start: int, end: int, id_: int, parent: int, args: dict[str, Any] | None
+    ) -> None:
         if len(self.start) >= self.capacity:
             self.dropped += 1
             return
@@ -85,9 +97,13 @@ def resolve(
             pools[dev].append(s.t1)
             s.t0 = s.t1 = 0  # the events are the pool's again
         args = s.args
-        if s.error is not None:
-            args = {**(args or {}), "error": s.error}
-        store.add(s.name, track.index, start, end, s.id, s.parent.id if s.parent is not None else 0, args)
+        error = getattr(s, "error", None)
+        if error is not None:
+            args = {**(args or {}), "error": error}
+        parent = s.parent
+        store.add(
+            s.name, track.index, start, end, store.id_of(s), store.id_of(parent) if parent is not None else 0, args
+        )
         if s.owner is not None:
             s.owner.add_ns(end - start)
     return later
@@ -98,11 +114,20 @@ def nest_rounding(store: SpanStore, tolerance_ns: int = 2_000) -> int:
     (float32 steps, anchor segments meeting): a real misnest, from misuse, is left for the
     exporter's overflow tracks. Returns how many ends moved."""
     where = {id_: i for i, id_ in enumerate(store.id)}
-    moved = 0
-    for i in sorted(range(len(store)), key=store.id.__getitem__):  # parents open before children
+    children: dict[int, list[int]] = {}
+    for i in range(len(store)):
         p = where.get(store.parent[i])
-        if p is None or store.track[p] != store.track[i]:
-            continue
+        if p is not None and store.track[p] == store.track[i]:
+            children.setdefault(p, []).append(i)
+    moved = 0
+    todo = [i for i in range(len(store)) if where.get(store.parent[i]) is None]
+    order: list[tuple[int, int]] = []  # (parent, child), parents before their children
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, ()):
+            order.append((p, c))
+            todo.append(c)
+    for p, i in order:
         if 0 < store.start[p] - store.start[i] <= tolerance_ns:
             store.start[i] = store.start[p]
             moved += 1

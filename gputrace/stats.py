@@ -44,7 +44,16 @@ def name_stats(durations: dict[str, list[int]]) -> list[NameStats]:
         ds = sorted(ds)
         total = sum(ds)
         rows.append(
-            NameStats(name, len(ds), total, total / len(ds), percentile(ds, 50), percentile(ds, 90), percentile(ds, 99), ds[-1])
+            NameStats(
+                name,
+                len(ds),
+                total,
+                total / len(ds),
+                percentile(ds, 50),
+                percentile(ds, 90),
+                percentile(ds, 99),
+                ds[-1],
+            )
         )
     return sorted(rows, key=lambda r: (-r.total_ns, r.name))
 
@@ -66,5 +75,8 @@ def table(rows: list[NameStats]) -> str:
         for r in rows
     ]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in [head] + body]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in [head] + body
+    ]
     return "\n".join(lines)

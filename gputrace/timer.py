@@ -15,7 +15,7 @@ from typing import Any
 
 from gputrace import api, record
 from gputrace.dist import rank_info
-from gputrace.record import Span, TimerType, warn_once
+from gputrace.record import OptSpan, Span, TimerType, warn_once
 
 
 class TimerRecord:
@@ -35,9 +35,9 @@ class TimerRecord:
     def start(self) -> TimerRecord:
         rec = record.RECORDER
         if rec is not None:
-            s = Span(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
+            s = OptSpan(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
             rec.open(s)
-            if s.track is not None:
+            if s.stack is not None:
                 self._running.append(s)
         return self
 
@@ -47,7 +47,7 @@ class TimerRecord:
                 warn_once(f"timer-not-running:{self.name}", f"timer {self.name!r} ended but not running; ignored")
             return
         s = self._running.pop()
-        record.ACTIVE.close(s)  # type: ignore[union-attr]
+        s.__exit__(None, None, None)
         self.call_count += 1
 
     def __enter__(self) -> TimerRecord:
@@ -113,9 +113,7 @@ class Timers:
     def __init__(self) -> None:
         self._timers: dict[str, TimerRecord] = {}
 
-    def __call__(
-        self, name: Any, timer_type: TimerType | str | None = None, cuda_sync: bool = False
-    ) -> Any:
+    def __call__(self, name: Any, timer_type: TimerType | str | None = None, cuda_sync: bool = False) -> Any:
         """The timer called `name` (made on first use; CUDA unless `timer_type` says CPU)."""
         if callable(name) and not isinstance(name, str):  # bare @timer
             fn = name

@@ -79,7 +79,9 @@ def spans_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
             start = base + round(e["ts"] * 1000)
-            out.append({**e, "start": start, "end": start + round(e["dur"] * 1000), "track": names[(e["pid"], e["tid"])]})
+            out.append(
+                {**e, "start": start, "end": start + round(e["dur"] * 1000), "track": names[(e["pid"], e["tid"])]}
+            )
     return out
 
 

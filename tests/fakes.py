@@ -12,7 +12,6 @@ from __future__ import annotations
 import struct
 from contextlib import contextmanager
 from fractions import Fraction
-from typing import Any
 
 
 def f32(x: float) -> float:

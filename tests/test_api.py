@@ -139,7 +139,11 @@ def test_cuda_spans_on_a_fake_device_go_on_stream_tracks() -> None:
         with gputrace.span("host work", timer_type=gputrace.TimerType.CPU):
             pass
     by_track = names_by_track(gputrace.trace_dict())
-    assert by_track == {"cuda:0 default stream": ["compute"], "cuda:0 stream 1": ["copy"], "thread MainThread (host)": ["host work"]}
+    assert by_track == {
+        "cuda:0 default stream": ["compute"],
+        "cuda:0 stream 1": ["copy"],
+        "thread MainThread (host)": ["host work"],
+    }
     # Copy and compute overlap in time across streams.
     spans = {e["name"]: e for e in spans_of(gputrace.trace_dict())}
     assert spans["copy"]["start"] < spans["compute"]["end"]

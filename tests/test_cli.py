@@ -52,8 +52,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path) -> None:  # type: ignore[no-
 
 def test_array_form_cut_off_by_a_crash_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "crashed.json"
-    path.write_bytes(b'[{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 5},\n'
-                     b'{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 6, "dur": 1},\n{"ph": "X", "na')
+    path.write_bytes(
+        b'[{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 5},\n'
+        b'{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 6, "dur": 1},\n{"ph": "X", "na'
+    )
     r = CliRunner().invoke(main, ["summary", "--json", str(path)])
     assert r.exit_code == 0, r.output
     assert sorted(x["name"] for x in orjson.loads(r.output)) == ["a", "b"]
@@ -61,8 +63,12 @@ def test_array_form_cut_off_by_a_crash_is_read(tmp_path) -> None:  # type: ignor
 
 def test_demo_as_a_real_subprocess(tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "gputrace", "demo", "--out", str(out), "--steps", "2"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "gputrace", "demo", "--out", str(out), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "forward" in r.stdout
     from gputrace.traceio import read_trace

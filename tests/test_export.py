@@ -16,8 +16,11 @@ BASE = 1_764_000_000_123_456_789
 
 
 def small_trace() -> dict:
-    tracks = [TrackInfo("thread MainThread (host)", False, None, 0), TrackInfo("cuda:0 default stream", True, 0, 0),
-              TrackInfo("cuda:0 stream 1", True, 0, 1)]
+    tracks = [
+        TrackInfo("thread MainThread (host)", False, None, 0),
+        TrackInfo("cuda:0 default stream", True, 0, 0),
+        TrackInfo("cuda:0 stream 1", True, 0, 1),
+    ]
     names = ["step", "fwd", "copy", "late"]
     rows = [  # name, track, start, end, args
         (0, 1, BASE + 0, BASE + 10_000_001, {"step": 0}),
@@ -27,8 +30,16 @@ def small_trace() -> dict:
         (0, 0, BASE + 7, BASE + 9, None),
     ]
     process = ProcessInfo(2, 4, "rank 2 (node7, NVIDIA H200)", {"gputrace_version": "test"})
-    return build_trace(names, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
-                       [r[4] for r in rows], tracks, process)
+    return build_trace(
+        names,
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
+        tracks,
+        process,
+    )
 
 
 def test_golden_file() -> None:
@@ -48,7 +59,12 @@ def test_shape_perfetto_expects() -> None:
     assert meta[("process_sort_index", 0)] == {"sort_index": 2}
     # Streams first, then their overflow lane, then host threads.
     order = [meta[("thread_name", tid)]["name"] for tid in range(1, 5)]
-    assert order == ["cuda:0 default stream", "cuda:0 default stream (overflow 1)", "cuda:0 stream 1", "thread MainThread (host)"]
+    assert order == [
+        "cuda:0 default stream",
+        "cuda:0 default stream (overflow 1)",
+        "cuda:0 stream 1",
+        "thread MainThread (host)",
+    ]
     assert all(e["pid"] == 3 for e in t["traceEvents"])
 
 
@@ -86,8 +102,8 @@ def test_lanes_nest_after_perfettos_sort_for_random_intervals() -> None:
 def test_values_json_cannot_hold_are_written_not_fatal() -> None:
     tracks = [TrackInfo("t", False, None, 0)]
     weird = {"nan": float("nan"), "inf": float("inf"), "obj": object(), "surrogate": "\udc80", "html": "</script>"}
-    t = build_trace(["na\u00efve \"quoted\"\n"], [0], [0], [BASE], [BASE + 5], [weird], tracks, ProcessInfo(0, 1, "r"))
+    t = build_trace(['na\u00efve "quoted"\n'], [0], [0], [BASE], [BASE + 5], [weird], tracks, ProcessInfo(0, 1, "r"))
     back = orjson.loads(dumps(t))
     args = next(e for e in back["traceEvents"] if e["ph"] == "X")["args"]
     assert args["html"] == "</script>" and args["obj"].startswith("<object")
-    assert next(e for e in back["traceEvents"] if e["ph"] == "X")["name"] == "na\u00efve \"quoted\"\n"
+    assert next(e for e in back["traceEvents"] if e["ph"] == "X")["name"] == 'na\u00efve "quoted"\n'

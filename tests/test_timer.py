@@ -61,7 +61,9 @@ def test_strings_select_the_timer_type_and_a_mismatch_warns() -> None:
         timer("x", timer_type="cuda")
 
 
-def test_log_and_log_all_print_on_the_asked_rank(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_log_and_log_all_print_on_the_asked_rank(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     gputrace.enable(cuda=False)
     with timer("opt"):
         pass

@@ -1,0 +1,581 @@
+"""gputrace benchmarks: every approach side by side in one run, interleaved, repeated.
+
+    python benchmarks/run.py [--quick] [--out BENCHMARKS.md] [--section NAME ...]
+
+Runs the CPU parts anywhere and the CUDA parts where a GPU is present; prints one table of
+medians (with min-max over repeats) and ratios against the baseline measured in the same run,
+and writes it, with the hardware and versions, to the output file (a section per machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import gputrace  # noqa: E402
+from gputrace import api, record  # noqa: E402
+
+
+@dataclass
+class Row:
+    group: str
+    name: str
+    unit: str
+    samples: list[float]
+    baseline: str | None = None  # name of the row in the same group this is compared with
+    target: str = ""  # e.g. "<= 1.25x"
+    limit: float | None = None  # ratio limit (<=) or, with higher_is_better, value floor
+    higher_is_better: bool = False
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+ROWS: list[Row] = []
+
+
+def add(row: Row) -> Row:
+    ROWS.append(row)
+    print(f"  {row.group:<28} {row.name:<58} {fmt(row.median, row.unit):>14}", flush=True)
+    return row
+
+
+def fmt(v: float, unit: str) -> str:
+    if unit == "ns":
+        return f"{v:,.0f} ns"
+    if unit == "us":
+        return f"{v:,.1f} us"
+    if unit == "ms":
+        return f"{v:,.2f} ms"
+    if unit == "s":
+        return f"{v:,.2f} s"
+    if unit == "spans/s":
+        return f"{v / 1e6:,.2f} M/s"
+    if unit == "MB":
+        return f"{v:,.0f} MB"
+    return f"{v:,.3f} {unit}"
+
+
+def reset() -> None:
+    record.RECORDER = None
+    record.ACTIVE = None
+    api._config = gputrace.Config()
+
+
+def interleaved(stmts: dict[str, str], ns: dict[str, Any], number: int, repeats: int) -> dict[str, list[float]]:
+    """ns per execution of each statement; the statements take turns in every repeat."""
+    timers = {k: timeit.Timer(v, globals=ns) for k, v in stmts.items()}
+    out: dict[str, list[float]] = {k: [] for k in stmts}
+    for t in timers.values():
+        t.timeit(max(1, number // 10))  # warm up
+    for _ in range(repeats):
+        for k, t in timers.items():
+            gc.disable()
+            try:
+                out[k].append(t.timeit(number) / number * 1e9)
+            finally:
+                gc.enable()
+    return out
+
+
+class _Nothing:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+# ---- host cost of one span ----------------------------------------------------------------------
+
+
+def bench_host(quick: bool) -> None:
+    number, repeats = (5_000, 5) if quick else (20_000, 15)
+    nothing = _Nothing()
+    reset()
+    ns = {"gputrace": gputrace, "nothing": nothing}
+    res = interleaved({"bare": "with nothing: pass", "disabled": "with gputrace.span('x'): pass"}, ns, number, repeats)
+    add(Row("disabled span", "bare no-op context manager", "ns", res["bare"]))
+    add(
+        Row(
+            "disabled span",
+            "gputrace span, recording off",
+            "ns",
+            res["disabled"],
+            "bare no-op context manager",
+            "<= 1.2x",
+            1.2,
+        )
+    )
+
+    import time as _t
+
+    reset()
+    gputrace.enable(cuda=False, max_pending=1 << 30)
+    lst: list[int] = []
+    ns = {"gputrace": gputrace, "pc": _t.perf_counter_ns, "lst": lst}
+    res = interleaved(
+        {"floor": "a = pc(); b = pc(); lst.append((a, b))", "span": "with gputrace.span('x'): pass"},
+        ns,
+        number,
+        repeats,
+    )
+    add(Row("CPU span (enabled)", "2x perf_counter_ns + list append", "ns", res["floor"]))
+    add(
+        Row(
+            "CPU span (enabled)",
+            "gputrace span (host track)",
+            "ns",
+            res["span"],
+            "2x perf_counter_ns + list append",
+            "<= 3x",
+            3.0,
+        )
+    )
+    reset()
+
+
+def bench_cuda_span(quick: bool) -> None:
+    import torch
+
+    number, repeats = (5_000, 5) if quick else (20_000, 15)
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    e1, e2 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reset()
+    gputrace.enable()
+    ns = {
+        "torch": torch,
+        "gputrace": gputrace,
+        "stream": stream,
+        "e1": e1,
+        "e2": e2,
+        "rf": torch.profiler.record_function,
+        "nvtx": torch.cuda.nvtx,
+        "raw": torch._C._CudaEventBase.record,
+        "Event": torch.cuda.Event,
+    }
+    stmts = {
+        "floor": "e1.record(stream); e2.record(stream)",
+        "gputrace": "with gputrace.span('x'): pass",
+        "fresh": "a = Event(enable_timing=True); a.record(); b = Event(enable_timing=True); b.record()",
+        "record_function": "with rf('x'): pass",
+        "nvtx": "nvtx.range_push('x'); nvtx.range_pop()",
+        "raw": "raw(e1, stream); raw(e2, stream)",
+    }
+    res = interleaved(stmts, ns, number, repeats)
+    g = "CUDA span host cost"
+    add(Row(g, "floor: 2 pooled Event.record(stream)", "ns", res["floor"]))
+    add(
+        Row(
+            g,
+            "gputrace span (enabled)",
+            "ns",
+            res["gputrace"],
+            "floor: 2 pooled Event.record(stream)",
+            "<= 1.25x",
+            1.25,
+        )
+    )
+    add(Row(g, "2 raw _CudaEventBase.record(ev, stream)", "ns", res["raw"], "floor: 2 pooled Event.record(stream)"))
+    add(
+        Row(
+            g,
+            "fresh Events per span (nanotron timer style)",
+            "ns",
+            res["fresh"],
+            "gputrace span (enabled)",
+            ">= 4x",
+            4.0,
+            True,
+        )
+    )
+    add(Row(g, "record_function (no profiler)", "ns", res["record_function"], "gputrace span (enabled)"))
+    add(Row(g, "nvtx range_push/pop", "ns", res["nvtx"], "gputrace span (enabled)"))
+    torch.cuda.synchronize()
+    reset()
+
+
+# ---- a real step -------------------------------------------------------------------------------
+
+
+def _model(torch: Any, width: int, depth: int) -> Any:
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.fc1, self.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+            self.heads = max(1, width // 128)
+
+        def forward(self, x: Any) -> Any:
+            span = gputrace.span
+            b, t, c = x.shape
+            with span("attention"):
+                with span("qkv"):
+                    q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+                with span("sdpa"):
+                    y = torch.nn.functional.scaled_dot_product_attention(
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+                    )
+                with span("proj"):
+                    x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+            with span("mlp"):
+                with span("fc1"):
+                    h = torch.nn.functional.gelu(self.fc1(self.n2(x)))
+                with span("fc2"):
+                    x = x + self.fc2(h)
+            return x
+
+    return nn.ModuleList([Block() for _ in range(depth)])
+
+
+def _step_fn(torch: Any, width: int, depth: int, batch: int, seq: int, dtype: Any) -> Callable[[], None]:
+    model = _model(torch, width, depth).cuda().to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x0 = torch.randn(batch, seq, width, device="cuda", dtype=dtype)
+    span = gputrace.span
+
+    def step() -> None:
+        with span("step"):
+            with span("forward"):
+                x = x0
+                for i, blk in enumerate(model):
+                    with span("block", layer=i):
+                        x = blk(x)
+                loss = x.float().pow(2).mean()
+            with span("backward"):
+                loss.backward()
+            with span("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_step(quick: bool) -> None:
+    import torch
+
+    for label, (width, depth, batch, seq), pairs in [
+        ("GPU-bound step", (2048, 12, 8, 1024), 10 if quick else 30),
+        ("launch-bound step", (128, 12, 1, 16), 20 if quick else 100),
+    ]:
+        reset()
+        gputrace.enable()
+        step = _step_fn(torch, width, depth, batch, seq, torch.bfloat16)
+        for _ in range(3):
+            step()
+        gputrace.flush()
+        torch.cuda.synchronize()
+        spans_per_step = 4 + depth * 9
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(pairs):
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                if on:
+                    gputrace.enable()
+                else:
+                    gputrace.disable()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                step()
+                if on:
+                    gputrace.flush()
+                torch.cuda.synchronize()
+                times[on].append((time.perf_counter_ns() - t0) / 1e6)
+        g = f"{label} ({spans_per_step} spans)"
+        add(Row(g, "gputrace off", "ms", times[False]))
+        limit = 1.01 if label.startswith("GPU") else None
+        add(
+            Row(
+                g,
+                "gputrace on (+ flush each step)",
+                "ms",
+                times[True],
+                "gputrace off",
+                "<= 1.01x" if limit else "",
+                limit,
+            )
+        )
+        gputrace.disable()
+        del step
+        torch.cuda.empty_cache()
+    reset()
+
+
+# ---- anchoring under load ----------------------------------------------------------------------
+
+
+def bench_anchor(quick: bool) -> None:
+    import torch
+
+    from gputrace.clock import HostClock, take_anchor
+    from gputrace.cuda import CudaDevice
+
+    dev = CudaDevice()
+    clock = HostClock()
+    side = dev.side_stream(0)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    idle, busy, queued = [], [], []
+    for _ in range(10 if quick else 30):
+        t0 = time.perf_counter_ns()
+        take_anchor(dev.new_event, dev.record, side, clock, 1)
+        idle.append((time.perf_counter_ns() - t0) / 1e3)
+        for _ in range(20):
+            a @ a
+        t0 = time.perf_counter_ns()
+        take_anchor(dev.new_event, dev.record, side, clock, 1)
+        busy.append((time.perf_counter_ns() - t0) / 1e3)
+        queued.append(0.0 if torch.cuda.current_stream().query() else 1.0)
+        torch.cuda.synchronize()
+    g = "anchor (1 try) host block"
+    add(Row(g, "idle GPU", "us", idle))
+    add(Row(g, "compute stream busy (20 queued 8k matmuls)", "us", busy, None, "< 30 us", 30.0))
+    add(Row(g, "compute queue still busy after anchor (1 = yes)", "x", queued, None, "= 1", None))
+
+
+# ---- resolve, export, merge, start-up ---------------------------------------------------------
+
+
+def _host_spans(n: int) -> None:
+    for i in range(n // 4):
+        with gputrace.span("step", i=i):
+            with gputrace.span("fwd"):
+                with gputrace.span("layer"):
+                    pass
+            with gputrace.span("bwd"):
+                pass
+
+
+def bench_pipeline(quick: bool, cuda: bool) -> None:
+    n = 50_000 if quick else 250_000
+    resolve_s, export_s = [], []
+    for _ in range(3):
+        reset()
+        gputrace.enable(cuda=cuda, max_pending=1 << 30)
+        _host_spans(n)
+        if cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        record.ACTIVE.flush(wait=True)  # type: ignore[union-attr]
+        resolve_s.append(n / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        trace = gputrace.trace_dict()
+        data = gputrace.export.dumps(trace)
+        export_s.append(n / (time.perf_counter() - t0))
+        del trace, data
+    kind = "CUDA" if cuda else "host"
+    add(Row("pipeline", f"resolve at flush ({kind} spans)", "spans/s", resolve_s))
+    add(
+        Row(
+            "pipeline",
+            f"export to Chrome JSON ({kind} spans)",
+            "spans/s",
+            export_s,
+            None,
+            ">= 1M/s" if not cuda else "",
+            1e6 if not cuda else None,
+            True,
+        )
+    )
+    reset()
+
+
+def bench_startup(quick: bool) -> None:
+    samples = []
+    for _ in range(5 if quick else 15):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gputrace", "--help"], capture_output=True, check=True)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, gputrace.cli; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    add(
+        Row(
+            "start-up",
+            "gputrace --help (torch imported: " + r.stdout.strip() + ")",
+            "ms",
+            samples,
+            None,
+            "< 150 ms",
+            150.0,
+        )
+    )
+
+
+def bench_merge(quick: bool) -> None:
+    try:
+        from gputrace import merge as merge_mod
+    except ImportError:
+        return
+    ranks, per = (8, 25_000) if quick else (8, 250_000)
+    with tempfile.TemporaryDirectory() as d:
+        code = (
+            "import sys; sys.path.insert(0, %r); from benchmarks.run import write_synthetic; write_synthetic(%r, %d, %d)"
+            % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, ranks, per)
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) / 1e6
+        secs, peaks = [], []
+        for _ in range(1 if not quick else 1):
+            out = os.path.join(d, "merged.json")
+            t0 = time.perf_counter()
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import resource, sys; from gputrace.cli import main; sys.argv=['gputrace','merge',%r,'-o',%r,'--quiet'];\n"
+                    "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % (d, out),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            secs.append(time.perf_counter() - t0)
+            assert r.returncode == 0, r.stderr
+            peaks.append(int(r.stdout.strip().splitlines()[-1]) / 1e3)
+        _ = merge_mod
+    g = f"merge {ranks} ranks x {per:,} spans ({size:,.0f} MB in)"
+    add(Row(g, "wall time", "s", secs))
+    add(Row(g, f"peak memory (target <= 2x input = {2 * size:,.0f} MB)", "MB", peaks, None, "<= 2x input", None))
+
+
+def write_synthetic(directory: str, ranks: int, per: int) -> None:
+    """Per-rank traces of `per` spans each, as the recorder writes them."""
+    from gputrace.export import ProcessInfo, TrackInfo, build_trace, write
+
+    base = time.time_ns()
+    names = ["step", "forward", "block", "backward", "optimizer", "all_reduce"]
+    for r in range(ranks):
+        ni, ti, st, en = [], [], [], []
+        t = base + r * 1000
+        for i in range(per // 5):
+            ni += [0, 1, 2, 3, 5]
+            ti += [0, 0, 0, 0, 1]
+            st += [t, t + 10, t + 20, t + 500, t + 600]
+            en += [t + 1000, t + 400, t + 300, t + 900, t + 950]
+            t += 1000
+        tracks = [TrackInfo("cuda:0 default stream", True, 0, 0), TrackInfo("cuda:0 stream 1", True, 0, 1)]
+        meta = {"gputrace_version": gputrace.__version__, "rank": r, "world_size": ranks, "rank_source": "env"}
+        trace = build_trace(names, ni, ti, st, en, [None] * len(st), tracks, ProcessInfo(r, ranks, f"rank {r}", meta))
+        write(os.path.join(directory, f"trace_rank{r}.json"), trace)
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def hardware() -> dict[str, str]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {"cpu": f"{cpu} ({os.cpu_count()} cores)", "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["cuda"] = str(torch.version.cuda)
+    except ImportError:
+        pass
+    return info
+
+
+def table() -> str:
+    lines = ["| group | measurement | median | min-max | ratio | target | met |", "|---|---|---|---|---|---|---|"]
+    by_name = {(r.group, r.name): r for r in ROWS}
+    for r in ROWS:
+        ratio, met = "", ""
+        if r.baseline:
+            b = by_name[(r.group, r.baseline)]
+            x = r.median / b.median
+            ratio = f"{x:.2f}x of {r.baseline.split(':')[0]}"
+            if r.limit is not None:
+                met = "yes" if (x >= r.limit if r.higher_is_better else x <= r.limit) else "NO"
+        elif r.limit is not None:
+            met = "yes" if (r.median >= r.limit if r.higher_is_better else r.median < r.limit) else "NO"
+        lo, hi = min(r.samples), max(r.samples)
+        lines.append(
+            f"| {r.group} | {r.name} | {fmt(r.median, r.unit)} | {fmt(lo, r.unit)} - {fmt(hi, r.unit)} "
+            f"| {ratio} | {r.target} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+SECTIONS = {
+    "host": lambda q, cuda: bench_host(q),
+    "cuda": lambda q, cuda: cuda and bench_cuda_span(q),
+    "step": lambda q, cuda: cuda and bench_step(q),
+    "anchor": lambda q, cuda: cuda and bench_anchor(q),
+    "pipeline": lambda q, cuda: (bench_pipeline(q, False), cuda and bench_pipeline(q, True)),
+    "merge": lambda q, cuda: bench_merge(q),
+    "startup": lambda q, cuda: bench_startup(q),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    ap.add_argument("--out", default=None, help="markdown file to add this run's section to")
+    ap.add_argument("--section", action="append", choices=sorted(SECTIONS), help="run only these sections")
+    ns = ap.parse_args()
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    hw = hardware()
+    print("hardware: " + "; ".join(f"{k} {v}" for k, v in hw.items()), flush=True)
+    for name in ns.section or list(SECTIONS):
+        SECTIONS[name](ns.quick, cuda)
+    text = table()
+    print()
+    print(text)
+    if ns.out:
+        title = hw.get("gpu", "CPU only") + " / " + hw["cpu"]
+        cmd = (
+            "python benchmarks/run.py"
+            + (" --quick" if ns.quick else "")
+            + "".join(f" --section {s}" for s in ns.section or [])
+        )
+        section = (
+            f"## {title}\n\n"
+            f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `{cmd}`; "
+            + ", ".join(f"{k} {v}" for k, v in hw.items())
+            + ".\n\n"
+            + text
+            + "\n"
+        )
+        with open(ns.out, "a") as f:
+            f.write("\n" + section)
+
+
+if __name__ == "__main__":
+    main()
