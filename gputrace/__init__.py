@@ -9,7 +9,7 @@
 Importing this package does not import torch.
 """
 
-from gputrace.api import disable, enable, flush, is_enabled, save, set_host_clock, trace_dict
+from gputrace.api import disable, enable, flush, is_enabled, save, set_host_clock, sync_clocks, trace_dict
 from gputrace.clock import HostClock
 from gputrace.config import Config, enabled_from_env
 from gputrace.errors import ConfigError, GputraceError, GputraceWarning, MergeError, TraceFormatError

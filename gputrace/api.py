@@ -7,6 +7,7 @@ Takes: options (keyword arguments or the environment, through `Config`). Gives: 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import socket
 import statistics
@@ -18,7 +19,8 @@ from typing import Any
 from gputrace import record
 from gputrace.clock import HostClock
 from gputrace.config import Config
-from gputrace.dist import rank_info
+from gputrace.dist import ClockSync, rank_info
+from gputrace.dist import sync_clocks as _sync_clocks
 from gputrace.errors import GputraceError, GputraceWarning
 from gputrace.export import ProcessInfo, TrackInfo, build_trace, write
 from gputrace.record import Recorder, Span
@@ -29,6 +31,7 @@ _lock = threading.RLock()
 _config = Config()
 _clock: HostClock | None = None
 _atexit_registered = False
+_clock_syncs: list[ClockSync] = []
 
 
 class _LazyRecorder:
@@ -127,6 +130,17 @@ def _save_at_exit() -> None:
             warnings.warn(f"gputrace could not save the trace at exit: {e}", GputraceWarning, stacklevel=1)
 
 
+def sync_clocks(group: Any = None, exchanges: int = 16) -> ClockSync | None:
+    """Measure this rank's host clock against rank 0's (collective: every rank calls it).
+    Call it once after init_process_group and again now and then in long runs: each estimate
+    goes into the trace, and `gputrace merge` applies them. Works with NCCL (through a gloo
+    side group) and gloo. Returns None without torch.distributed."""
+    result = _sync_clocks(host_clock(), group, exchanges)
+    if result is not None:
+        _clock_syncs.append(result)
+    return result
+
+
 def flush() -> int:
     """Resolve the spans the GPU has finished, without draining it. Call it once a step (or
     every few seconds) in long runs: it re-anchors the clocks and keeps memory flat.
@@ -222,6 +236,7 @@ def _clock_meta(rec: Recorder) -> dict[str, Any]:
         "epoch_offset_ns": rec.clock.epoch_offset_ns,
         "test_shift_ns": rec.clock.shift_ns,
         "device_anchors": devices,
+        "sync_to_rank0": [dataclasses.asdict(c) for c in _clock_syncs],
     }
 
 

@@ -6,6 +6,7 @@ exit status 2, never a traceback. Importing this module does not import torch.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,42 +37,96 @@ def main() -> None:
     """Where the time goes in GPU training, rank by rank, on one timeline."""
 
 
+def _progress(quiet: bool) -> Any:
+    """A progress line on stderr (merge reads ranks one at a time)."""
+    if quiet:
+        return None
+
+    def show(what: str, done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        end = "\n" if done >= total else ""
+        click.echo(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {what:<12}", err=True, nl=False)
+        if end:
+            click.echo("", err=True)
+
+    return show
+
+
 @main.command()
 @click.option("--out", "out_dir", default="gputrace-demo", show_default=True, help="directory for the traces")
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1, 100000), help="training steps to record")
+@click.option("--ranks", default=1, show_default=True, type=click.IntRange(1, 64), help="processes (gloo on CPU, NCCL on GPUs)")
 @_guard
-def demo(out_dir: str, steps: int) -> None:
-    """Train a small model with spans (GPU if present, else CPU) and write its trace."""
+def demo(out_dir: str, steps: int, ranks: int) -> None:
+    """Train a small model with spans (GPU if present, else CPU), write and merge its traces."""
     from gputrace import demo as demo_mod
-    from gputrace.stats import durations_by_name, name_stats, table
+    from gputrace import merge as merge_mod
+
+    if ranks == 1:
+        paths = [demo_mod.train(out_dir, steps)]
+        shown = paths[0]
+    else:
+        paths = demo_mod.run_ranks(out_dir, steps, ranks)
+        shown = os.path.join(out_dir, "merged.json")
+        merge_mod.merge(paths, shown)
+    click.echo(_summary_text(paths))
+    for p in paths:
+        click.echo(f"wrote {p}")
+    if ranks > 1:
+        click.echo(f"merged into {shown}")
+    click.echo(f"open it: drag {shown} onto https://ui.perfetto.dev")
+
+
+def _summary_text(paths: list[str], as_json: bool = False, step: str = "step") -> str:
+    import orjson
+
+    from gputrace import stats
     from gputrace.traceio import read_trace
 
-    path = demo_mod.run(out_dir, steps)
-    click.echo(table(name_stats(durations_by_name(read_trace(path)))))
-    click.echo(f"\nwrote {path}")
-    click.echo("open it: drag the file onto https://ui.perfetto.dev (or `gputrace merge` several ranks first)")
+    by_rank = stats.spans_by_rank([read_trace(p) for p in paths])
+    rows = stats.name_stats(by_rank)
+    steps = stats.step_stats(by_rank, step)
+    if as_json:
+        return orjson.dumps(stats.to_json(rows, steps), option=orjson.OPT_NON_STR_KEYS).decode()
+    return stats.table(rows, steps)
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--step", default="step", show_default=True, help="the span that marks one training step")
 @_guard
-def summary(paths: tuple[str, ...], as_json: bool) -> None:
-    """Per-span-name statistics of one or more traces."""
-    import orjson
+def summary(paths: tuple[str, ...], as_json: bool, step: str) -> None:
+    """Per-span statistics of per-rank traces or a merged one: totals, percentiles, the
+    imbalance between ranks, and the slowest rank of each step."""
+    from gputrace.merge import expand
 
-    from gputrace.stats import durations_by_name, name_stats, table
-    from gputrace.traceio import read_trace
+    click.echo(_summary_text(expand(paths), as_json, step))
 
-    durations: dict[str, list[int]] = {}
-    for p in paths:
-        for name, ds in durations_by_name(read_trace(p)).items():
-            durations.setdefault(name, []).extend(ds)
-    rows = name_stats(durations)
-    if as_json:
-        click.echo(orjson.dumps([r.__dict__ for r in rows]).decode())
-    else:
-        click.echo(table(rows))
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--out", required=True, help="the merged trace to write")
+@click.option("--align", type=click.Choice(["clock", "none"]), default="clock", show_default=True,
+              help="clock: apply the offsets sync_clocks() measured; none: trust the host clocks")
+@click.option("--align-on", "align_on", default=None, metavar="NAME",
+              help="align the ends of the n-th span NAME (a collective) across ranks instead")
+@click.option("--occurrence", default=1, show_default=True, type=click.IntRange(1), help="which NAME span, with --align-on")
+@click.option("--rank-from-filename", is_flag=True, help="take each rank from 'rank<N>' in its file name")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar")
+@_guard
+def merge(paths: tuple[str, ...], out: str, align: str, align_on: str | None, occurrence: int,
+          rank_from_filename: bool, quiet: bool) -> None:
+    """Merge per-rank traces (files, directories or globs) into one aligned timeline."""
+    from gputrace import merge as merge_mod
+
+    meta = merge_mod.merge(paths, out, align, align_on, occurrence, rank_from_filename, _progress(quiet))
+    for rank, a in meta["alignment"]["per_rank"].items():
+        note = "; ".join(a.get("notes", []))
+        click.echo(f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+                   + (f" ({note})" if note else ""))
+    click.echo(f"wrote {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -120,12 +120,13 @@ def build_trace(
         events.append(ev)
     meta = dict(process.metadata)
     meta["overflow_tracks"] = sum(v - 1 for v in lanes_used.values())
+    # The header first: `gputrace merge` reads it without parsing the events.
     return {
-        "traceEvents": events,
-        "displayTimeUnit": "ns",
         "baseTimeNanoseconds": base_ns,
         "distributedInfo": {"rank": process.rank, "world_size": process.world_size},
         "metadata": meta,
+        "displayTimeUnit": "ns",
+        "traceEvents": events,
     }
 
 

@@ -1,12 +1,15 @@
-"""Statistics: per span name, from a trace.
+"""Statistics: per span name and per rank, from one or more traces.
 
-Takes: a Chrome trace dict (one rank's or a merged one). Gives: `NameStats` rows sorted by
-total time, and a table for people.
+Takes: Chrome trace dicts (per-rank files or one merged file; a span's rank is its pid - 1,
+gputrace's convention). Gives: `NameStats` rows sorted by total time, with each name's least
+and largest per-rank totals and their imbalance; `StepStats` naming the slowest rank of each
+step; and tables for people.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -20,13 +23,37 @@ class NameStats:
     p90_ns: int
     p99_ns: int
     max_ns: int
+    ranks: int
+    min_rank: int  # the rank with the least total of this name
+    min_rank_total_ns: int
+    max_rank: int
+    max_rank_total_ns: int
+    imbalance: float  # largest per-rank total / least
 
 
-def durations_by_name(trace: dict[str, Any]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for ev in trace["traceEvents"]:
-        if ev.get("ph") == "X":
-            out.setdefault(str(ev.get("name")), []).append(round(float(ev.get("dur", 0)) * 1000))
+@dataclass(frozen=True)
+class StepStats:
+    name: str
+    steps: int  # steps seen on every rank
+    slowest: list[tuple[int, int, int]]  # per step: (step index, slowest rank, its duration ns)
+    times_slowest: dict[int, int]  # rank -> how many steps it was slowest in
+
+
+def spans_by_rank(traces: list[dict[str, Any]]) -> dict[int, dict[str, list[tuple[int, int]]]]:
+    """rank -> name -> [(start ns relative to the trace's base, duration ns)] in start order."""
+    out: dict[int, dict[str, list[tuple[int, int]]]] = {}
+    for trace in traces:
+        base = trace.get("baseTimeNanoseconds", 0) if isinstance(trace.get("baseTimeNanoseconds"), int) else 0
+        for ev in trace["traceEvents"]:
+            if not isinstance(ev, dict) or ev.get("ph") != "X":
+                continue
+            pid = ev.get("pid", 1)
+            rank = pid - 1 if isinstance(pid, int) and pid > 0 else 0
+            start = base + round(float(ev.get("ts", 0)) * 1000)
+            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append((start, round(float(ev.get("dur", 0)) * 1000)))
+    for names in out.values():
+        for spans in names.values():
+            spans.sort()
     return out
 
 
@@ -38,24 +65,37 @@ def percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[int(k)]
 
 
-def name_stats(durations: dict[str, list[int]]) -> list[NameStats]:
+def name_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]]) -> list[NameStats]:
+    names = sorted({n for names in by_rank.values() for n in names})
     rows = []
-    for name, ds in durations.items():
-        ds = sorted(ds)
+    for name in names:
+        totals = {r: sum(d for _, d in by_rank[r].get(name, ())) for r in by_rank if name in by_rank[r]}
+        ds = sorted(d for r in by_rank for _, d in by_rank[r].get(name, ()))
         total = sum(ds)
+        lo = min(totals, key=lambda r: (totals[r], r))
+        hi = max(totals, key=lambda r: (totals[r], -r))
         rows.append(
             NameStats(
-                name,
-                len(ds),
-                total,
-                total / len(ds),
-                percentile(ds, 50),
-                percentile(ds, 90),
-                percentile(ds, 99),
-                ds[-1],
+                name, len(ds), total, total / len(ds), percentile(ds, 50), percentile(ds, 90), percentile(ds, 99),
+                ds[-1], len(totals), lo, totals[lo], hi, totals[hi],
+                totals[hi] / totals[lo] if totals[lo] else float("inf") if totals[hi] else 1.0,
             )
         )
     return sorted(rows, key=lambda r: (-r.total_ns, r.name))
+
+
+def step_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]], step: str = "step") -> StepStats | None:
+    """The k-th `step` span of each rank is step k; None when no rank has any."""
+    per_rank = {r: names[step] for r, names in by_rank.items() if step in names}
+    if not per_rank:
+        return None
+    n = min(len(v) for v in per_rank.values())
+    slowest = []
+    for k in range(n):
+        rank = max(per_rank, key=lambda r: (per_rank[r][k][1], -r))
+        slowest.append((k, rank, per_rank[rank][k][1]))
+    counts = Counter(r for _, r, _ in slowest)
+    return StepStats(step, n, slowest, {r: counts.get(r, 0) for r in sorted(per_rank)})
 
 
 def fmt_ns(ns: float) -> str:
@@ -68,15 +108,36 @@ def fmt_ns(ns: float) -> str:
     return f"{ns:.0f} ns"
 
 
-def table(rows: list[NameStats]) -> str:
-    head = ["name", "count", "total", "mean", "p50", "p90", "p99", "max"]
-    body = [
-        [r.name, str(r.count)] + [fmt_ns(v) for v in (r.total_ns, r.mean_ns, r.p50_ns, r.p90_ns, r.p99_ns, r.max_ns)]
-        for r in rows
-    ]
+def _grid(head: list[str], body: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
-    lines = [
+    return "\n".join(
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         for row in [head] + body
-    ]
-    return "\n".join(lines)
+    )
+
+
+def table(rows: list[NameStats], steps: StepStats | None = None) -> str:
+    multi = any(r.ranks > 1 for r in rows)
+    head = ["name", "count", "total", "mean", "p50", "p90", "p99", "max"]
+    if multi:
+        head += ["least rank total", "largest rank total", "imbalance"]
+    body = []
+    for r in rows:
+        line = [r.name, str(r.count)] + [fmt_ns(v) for v in (r.total_ns, r.mean_ns, r.p50_ns, r.p90_ns, r.p99_ns, r.max_ns)]
+        if multi:
+            line += [f"{fmt_ns(r.min_rank_total_ns)} (r{r.min_rank})", f"{fmt_ns(r.max_rank_total_ns)} (r{r.max_rank})",
+                     f"{r.imbalance:.2f}x"]
+        body.append(line)
+    text = _grid(head, body)
+    if steps is not None and len(steps.times_slowest) > 1:
+        worst = max(steps.times_slowest, key=lambda r: (steps.times_slowest[r], -r))
+        text += (
+            f"\n\nslowest rank per {steps.name!r} ({steps.steps} steps): "
+            + ", ".join(f"rank {r}: {c}x" for r, c in sorted(steps.times_slowest.items()))
+            + f"; rank {worst} was slowest most often"
+        )
+    return text
+
+
+def to_json(rows: list[NameStats], steps: StepStats | None) -> dict[str, Any]:
+    return {"names": [asdict(r) for r in rows], "steps": asdict(steps) if steps is not None else None}

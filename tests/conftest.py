@@ -54,6 +54,7 @@ def _reset() -> None:
     record._warned.clear()
     record._disabled.clear()
     api._clock = None
+    api._clock_syncs.clear()
     api._config = Config()
     gputrace.timer._timers.clear()
 

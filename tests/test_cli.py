@@ -31,7 +31,7 @@ def test_summary_table_and_json(tmp_path) -> None:  # type: ignore[no-untyped-de
     assert lines[0].split()[:3] == ["name", "count", "total"]
     assert lines[1].split()[:2] == ["step", "4"] and lines[2].split()[:2] == ["fwd", "4"]
     r = CliRunner().invoke(main, ["summary", "--json", path])
-    rows = orjson.loads(r.output)
+    rows = orjson.loads(r.output)["names"]
     assert [(x["name"], x["count"]) for x in rows] == [("step", 4), ("fwd", 4)]
     assert rows[0]["total_ns"] >= rows[1]["total_ns"]
 
@@ -58,7 +58,7 @@ def test_array_form_cut_off_by_a_crash_is_read(tmp_path) -> None:  # type: ignor
     )
     r = CliRunner().invoke(main, ["summary", "--json", str(path)])
     assert r.exit_code == 0, r.output
-    assert sorted(x["name"] for x in orjson.loads(r.output)) == ["a", "b"]
+    assert sorted(x["name"] for x in orjson.loads(r.output)["names"]) == ["a", "b"]
 
 
 def test_demo_as_a_real_subprocess(tmp_path) -> None:  # type: ignore[no-untyped-def]
