@@ -8,6 +8,7 @@ step; and tables for people.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,11 +32,21 @@ class NameStats:
     imbalance: float  # largest per-rank total / least
 
 
+# Spans whose time is waiting for other ranks, not work: a straggler's peers spend its extra
+# time in them, so a step's length alone cannot tell who was slow.
+WAIT_NAMES = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|wait|nccl|gloo",
+                        re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class StepStats:
+    """The slowest rank of each step: the one that worked longest before it waited (step time
+    minus time inside collective/wait spans), since collectives make every rank's step end
+    together."""
+
     name: str
     steps: int  # steps seen on every rank
-    slowest: list[tuple[int, int, int]]  # per step: (step index, slowest rank, its duration ns)
+    slowest: list[tuple[int, int, int]]  # per step: (step index, slowest rank, its busy ns)
     times_slowest: dict[int, int]  # rank -> how many steps it was slowest in
 
 
@@ -84,16 +95,36 @@ def name_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]]) -> list[Nam
     return sorted(rows, key=lambda r: (-r.total_ns, r.name))
 
 
-def step_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]], step: str = "step") -> StepStats | None:
+def busy_ns(start: int, dur: int, waits: list[tuple[int, int]]) -> int:
+    """`dur` minus the union of the wait intervals (sorted by start) inside [start, start+dur)."""
+    end, covered, reach = start + dur, 0, start
+    for ws, wd in waits:
+        if ws >= end:
+            break
+        a, b = max(ws, reach), min(ws + wd, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return dur - covered
+
+
+def step_stats(
+    by_rank: dict[int, dict[str, list[tuple[int, int]]]], step: str = "step", wait: re.Pattern[str] = WAIT_NAMES
+) -> StepStats | None:
     """The k-th `step` span of each rank is step k; None when no rank has any."""
     per_rank = {r: names[step] for r, names in by_rank.items() if step in names}
     if not per_rank:
         return None
+    waits = {
+        r: sorted(x for name, spans in by_rank[r].items() if name != step and wait.search(name) for x in spans)
+        for r in per_rank
+    }
     n = min(len(v) for v in per_rank.values())
     slowest = []
     for k in range(n):
-        rank = max(per_rank, key=lambda r: (per_rank[r][k][1], -r))
-        slowest.append((k, rank, per_rank[rank][k][1]))
+        busy = {r: busy_ns(*per_rank[r][k], waits[r]) for r in per_rank}
+        rank = max(busy, key=lambda r: (busy[r], -r))
+        slowest.append((k, rank, busy[rank]))
     counts = Counter(r for _, r, _ in slowest)
     return StepStats(step, n, slowest, {r: counts.get(r, 0) for r in sorted(per_rank)})
 
@@ -132,7 +163,7 @@ def table(rows: list[NameStats], steps: StepStats | None = None) -> str:
     if steps is not None and len(steps.times_slowest) > 1:
         worst = max(steps.times_slowest, key=lambda r: (steps.times_slowest[r], -r))
         text += (
-            f"\n\nslowest rank per {steps.name!r} ({steps.steps} steps): "
+            f"\n\nslowest rank per {steps.name!r} (longest work before waiting in collectives; {steps.steps} steps): "
             + ", ".join(f"rank {r}: {c}x" for r, c in sorted(steps.times_slowest.items()))
             + f"; rank {worst} was slowest most often"
         )

@@ -1,0 +1,161 @@
+"""Real torch.distributed processes (gloo on CPU): clock sync, merge, summary."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from gputrace import merge as merge_mod
+from gputrace.cli import main
+from gputrace.errors import MergeError
+from gputrace.traceio import read_trace
+
+from .conftest import spans_of
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parent.parent
+SHIFT = 50_000_000  # rank 1's host clock runs 50 ms ahead
+
+
+def run_ranks(out: Path, shift_ns: int, world: int = 2) -> dict[int, dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(world):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.dist_worker", str(out), str(shift_ns)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    results = {}
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        assert p.returncode == 0, stderr
+        line = orjson.loads(stdout.strip().splitlines()[-1])
+        results[line["rank"]] = line
+    return results
+
+
+@pytest.fixture(scope="module")
+def shifted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict]]:
+    out = tmp_path_factory.mktemp("shifted")
+    return out, run_ranks(out, SHIFT)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict]]:
+    out = tmp_path_factory.mktemp("plain")
+    return out, run_ranks(out, 0)
+
+
+def test_on_one_host_the_offset_is_zero_within_its_error_bar(plain) -> None:  # type: ignore[no-untyped-def]
+    _, results = plain
+    for key in ("first", "second"):
+        s = results[1][key]
+        assert abs(s["offset_ns"]) <= s["error_ns"], s
+        assert s["error_ns"] < 5_000_000
+    assert results[0]["first"]["offset_ns"] == 0
+
+
+def test_a_shifted_clock_is_recovered_within_its_error_bar(shifted) -> None:  # type: ignore[no-untyped-def]
+    _, results = shifted
+    for key in ("first", "second"):
+        s = results[1][key]
+        assert abs(s["offset_ns"] - (-SHIFT)) <= s["error_ns"], s
+
+
+def all_reduce_ends(trace: dict) -> dict[int, list[int]]:
+    ends: dict[int, list[int]] = {}
+    for e in spans_of(trace):
+        if e["name"] == "all_reduce":
+            ends.setdefault(e["pid"] - 1, []).append(e["end"])
+    return {r: sorted(v) for r, v in ends.items()}
+
+
+def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, results = shifted
+    aligned, raw = tmp_path / "aligned.json", tmp_path / "raw.json"
+    r = CliRunner().invoke(main, ["merge", str(out), "-o", str(aligned), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "rank 1: offset -50" in r.output
+    assert CliRunner().invoke(main, ["merge", str(out), "-o", str(raw), "--align", "none", "-q"]).exit_code == 0
+    merged = read_trace(str(aligned))
+    err = results[1]["first"]["error_ns"]
+    ends = all_reduce_ends(merged)
+    gaps = [abs(a - b) for a, b in zip(ends[0], ends[1])]
+    raw_gaps = [abs(a - b) for a, b in zip(*all_reduce_ends(read_trace(str(raw))).values())]
+    # A gloo all_reduce returns on each rank within about a millisecond of the others (more when
+    # two processes share two busy cores); without alignment they are the shift apart.
+    assert statistics.median(gaps) < err + 2_000_000, gaps
+    assert max(gaps) < SHIFT / 5, gaps
+    assert min(raw_gaps) > SHIFT - 5_000_000, raw_gaps
+    meta = merged["metadata"]["alignment"]["per_rank"]["1"]
+    assert abs(meta["offset_ns"] + SHIFT) <= meta["error_ns"] + 1
+    names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert {n.split(" (")[0] for n in names} == {"rank 0", "rank 1"}
+    assert sorted({e["pid"] for e in merged["traceEvents"]}) == [1, 2]
+
+
+def test_align_on_a_collective_makes_its_ends_equal(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, _ = shifted
+    dest = tmp_path / "on.json"
+    merge_mod.merge([str(out)], str(dest), align_on="all_reduce", occurrence=3)
+    ends = all_reduce_ends(read_trace(str(dest)))
+    assert ends[0][2] == ends[1][2]
+    meta = read_trace(str(dest))["metadata"]["alignment"]
+    assert meta["method"] == "align-on" and meta["occurrence"] == 3
+
+
+def test_summary_names_the_straggler(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, _ = shifted
+    merged = tmp_path / "m.json"
+    merge_mod.merge([str(out)], str(merged))
+    for args in (["summary", str(merged)], ["summary", str(out / "trace_rank0.json"), str(out / "trace_rank1.json")]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "rank 1 was slowest most often" in r.output
+    r = CliRunner().invoke(main, ["summary", "--json", str(merged)])
+    data = orjson.loads(r.output)
+    assert data["steps"]["times_slowest"] == {"0": 0, "1": 6}
+    compute = next(x for x in data["names"] if x["name"] == "compute")
+    assert compute["max_rank"] == 1 and compute["imbalance"] > 1.5
+    waits = next(x for x in data["names"] if x["name"] == "all_reduce")
+    assert waits["max_rank"] == 0  # rank 0 waits for the straggler
+
+
+def test_missing_and_duplicate_ranks_are_errors_that_say_what_to_do(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, _ = shifted
+    copy = tmp_path / "again_rank0.json"
+    copy.write_bytes((out / "trace_rank0.json").read_bytes())
+    with pytest.raises(MergeError, match="rank 0 appears twice"):
+        merge_mod.merge([str(out), str(copy)], str(tmp_path / "x.json"))
+    anonymous = tmp_path / "trace_rank5.json"
+    anonymous.write_bytes(b'[{"ph": "X", "name": "a", "pid": 9, "tid": 1, "ts": 1, "dur": 2}')
+    r = CliRunner().invoke(main, ["merge", str(anonymous), "-o", str(tmp_path / "y.json")])
+    assert r.exit_code == 2 and "--rank-from-filename" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["merge", str(anonymous), str(out / "trace_rank0.json"), "-o", str(tmp_path / "y.json"),
+                                  "--rank-from-filename", "-q"])
+    assert r.exit_code == 0, r.output
+    merged = read_trace(str(tmp_path / "y.json"))
+    assert sorted({e["pid"] for e in merged["traceEvents"]}) == [1, 6]
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_merging_never_half_writes_the_output(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, _ = shifted
+    dest = tmp_path / "keep.json"
+    dest.write_text("precious")
+    bad = tmp_path / "trace_rank3.json"
+    bad.write_bytes((out / "trace_rank1.json").read_bytes()[:-200])
+    r = CliRunner().invoke(main, ["merge", str(out / "trace_rank0.json"), str(bad), "-o", str(dest)])
+    assert r.exit_code == 2 and "truncated" in r.output
+    assert dest.read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gputrace")] == []
