@@ -172,6 +172,9 @@ def bench_cuda_span(quick: bool) -> None:
         "nvtx": torch.cuda.nvtx,
         "raw": torch._C._CudaEventBase.record,
         "Event": torch.cuda.Event,
+        "dev": torch._C._cuda_getDevice,
+        "raws": torch._C._cuda_getCurrentRawStream,
+        "capt": torch._C._cuda_isCurrentStreamCapturing,
     }
     stmts = {
         "floor": "e1.record(stream); e2.record(stream)",

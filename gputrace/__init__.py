@@ -41,6 +41,10 @@ __all__ = [
     "trace_dict",
 ]
 
+from gputrace.record import bind_compile_check as _bind
+
+_bind()  # when torch is already imported (the usual order)
+
 if enabled_from_env():
     from gputrace.api import enable_from_env
 

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import socket
 import statistics
-import sys
 import threading
 import warnings
 from typing import Any
@@ -97,18 +96,14 @@ def _build() -> Recorder:
         rec = record.ACTIVE
         if rec is None:
             device = None
-            torch = sys.modules.get("torch")
-            if torch is not None or _config.cuda:
+            if _config.cuda:
                 import torch
 
-                is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-                if is_compiling is not None:
-                    record._compiling = is_compiling
-            if _config.cuda:
                 if torch.cuda.is_available():
                     from gputrace.cuda import CudaDevice
 
                     device = CudaDevice()
+            record.bind_compile_check()
             rec = Recorder(_config, device, host_clock())
             record.ACTIVE = rec
         record.RECORDER = rec

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from gputrace.errors import GputraceError, MergeError, TraceFormatError
-from gputrace.traceio import read_trace
+from gputrace.traceio import publish, read_trace
 from gputrace.version import __version__
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -236,7 +236,7 @@ def merge(
             f.write(b"]}")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, out)
+        publish(tmp, out)
     except BaseException as e:
         try:
             os.unlink(tmp)

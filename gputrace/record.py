@@ -17,6 +17,7 @@ import contextlib
 import enum
 import functools
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -422,19 +423,19 @@ def span(name: Any, /, **args: Any) -> Any:
     Keyword arguments land in the trace event's args, except `timer_type` (TimerType.CUDA, the
     default, or TimerType.CPU / "cpu" for a host-thread span) and `cuda_sync=True` (synchronise
     the device before each record, as nanotron's option does). While recording is off this
-    returns a shared do-nothing object."""
+    returns a shared do-nothing object. Under torch.compile it returns `nullcontext()`, the one
+    context manager Dynamo traces through without a graph break: a span times around a compiled
+    region, not inside it."""
     if RECORDER is None:
         if not args:
             handle = _disabled.get(name)
-            if handle is not None:
+            if handle is not None and not _compiling():
                 return handle
         return _span_slow(name, args)
-    if args or name.__class__ is not str:
-        return _span_slow(name, args)
     if _compiling():
-        # Under torch.compile the span is nullcontext(), which Dynamo traces through without a
-        # graph break: a span times around a compiled region, not inside it.
-        return contextlib.nullcontext()
+        return NULLCTX
+    if args or type(name) is not str:
+        return _span_slow(name, args)
     s = _new(Span)
     s.name = name
     s.args = None
@@ -442,7 +443,9 @@ def span(name: Any, /, **args: Any) -> Any:
 
 
 def _span_slow(name: Any, args: dict[str, Any]) -> Any:
-    if name.__class__ is not str:
+    if _compiling():
+        return NULLCTX
+    if type(name) is not str:
         if callable(name) and not args:  # bare @span
             return traced(name, _qualname(name), None, True, False)
         raise TypeError(f"span() takes a name (str) or a function, not {type(name).__name__}")
@@ -458,18 +461,27 @@ def _span_slow(name: Any, args: dict[str, Any]) -> Any:
         if len(_disabled) > 4096:  # names built per step must not grow this without bound
             _disabled.clear()
         return handle
-    if _compiling():
-        return contextlib.nullcontext()
     if cuda and not sync:
         return Span(name, args or None)
     return OptSpan(name, args or None, cuda, sync)
 
 
-def _not_compiling() -> bool:
-    return False
+def _compiling_lazy() -> bool:
+    """Until `bind_compile_check()` has run: looks torch up on each call (Dynamo can trace this)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
-_compiling = _not_compiling  # torch.compiler.is_compiling once a recorder with torch exists
+def bind_compile_check() -> None:
+    """Once torch is imported, the check is torch.compiler.is_compiling itself (one call)."""
+    global _compiling
+    torch = sys.modules.get("torch")
+    if torch is not None and _compiling is _compiling_lazy:
+        _compiling = torch.compiler.is_compiling
+
+
+_compiling: Callable[[], bool] = _compiling_lazy
+NULLCTX = contextlib.nullcontext()
 
 
 def _span_call(self: Span, fn: Callable[..., Any]) -> Callable[..., Any]:

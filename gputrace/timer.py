@@ -120,6 +120,8 @@ class Timers:
             return self(getattr(fn, "__qualname__", repr(fn)))(fn)
         if not isinstance(name, str):
             raise TypeError(f"timer() takes a name (str), not {type(name).__name__}")
+        if record._compiling():
+            return record.NULLCTX  # see span(): Dynamo traces through nullcontext only
         tt = TimerType(timer_type) if isinstance(timer_type, str) else timer_type
         t = self._timers.get(name)
         if t is None:

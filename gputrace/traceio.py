@@ -29,7 +29,7 @@ def write_atomic(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -38,6 +38,14 @@ def write_atomic(path: str, data: bytes) -> None:
         if isinstance(e, OSError):
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give the temporary file the permissions a new file would have, and rename it over `path`."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
 
 
 def read_trace(path: str) -> dict[str, Any]:

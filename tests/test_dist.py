@@ -32,7 +32,8 @@ def run_ranks(out: Path, shift_ns: int, world: int = 2) -> dict[int, dict]:
     procs = []
     for r in range(world):
         env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.dist_worker", str(out), str(shift_ns)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
     results = {}
