@@ -129,5 +129,22 @@ def merge(paths: tuple[str, ...], out: str, align: str, align_on: str | None, oc
     click.echo(f"wrote {out}")
 
 
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@_guard
+def validate(paths: tuple[str, ...]) -> None:
+    """Check traces against the rules Perfetto's importer applies; exit 1 if any has errors."""
+    from gputrace.merge import expand
+    from gputrace.validate import format_report, validate_file
+
+    bad = 0
+    for path in expand(paths):
+        report = validate_file(path)
+        click.echo(format_report(report))
+        bad += not report.ok
+    if bad:
+        sys.exit(1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -36,6 +36,24 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every trace a test writes (saved or merged) must pass `gputrace validate`."""
+    from gputrace import merge, traceio
+    from gputrace.validate import format_report, validate_file
+
+    real = traceio.publish
+
+    def checked(tmp: str, path: str) -> None:
+        real(tmp, path)
+        if path.endswith(".json"):
+            report = validate_file(path)
+            assert report.ok, format_report(report)
+
+    monkeypatch.setattr(traceio, "publish", checked)
+    monkeypatch.setattr(merge, "publish", checked)
+
+
+@pytest.fixture(autouse=True)
 def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts with recording off and no recorder, and must leave none running."""
     for name in ("GPUTRACE", "ENABLE_TIMERS", "RANK", "WORLD_SIZE", "LOCAL_RANK"):

