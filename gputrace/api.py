@@ -153,7 +153,7 @@ def trace_dict() -> dict[str, Any]:
     with rec._lock:
         rec.flush(wait=True)
         store = rec.store
-        nest_rounding(store)
+        nest_rounding(store, {t.index for t in rec.tracks if t.device is not None})
         snapshot = _open_span_snapshot(rec)
         info = rank_info(rec.config.rank)
         tracks = [TrackInfo(t.name, t.device is not None, t.device, t.ordinal) for t in rec.tracks]
