@@ -181,27 +181,41 @@ def part3() -> dict[str, Any]:
     kk = kineto_kernels(prof, "stamp")
     cupti = [k[0] - (g + offset_gt) for k, g in zip(kk, gt_vals)]
 
-    # gputrace: an event pair around the stamp kernel on cupy's stream, mapped through anchors.
+    # gputrace: an event pair around the stamp kernel's launch on cupy's stream, mapped through
+    # anchors. The start event runs when recorded (the stream is idle), the kernel after its launch
+    # latency; the end event right after the kernel: its offset from the truth is gputrace's
+    # calibration error plus the kernel's own ~1-2 us.
     reset()
     gputrace.enable()
     ts = torch.cuda.ExternalStream(stream.ptr)
     ours = []
     for i in range(50):
+        buf[0] = 0
+        buf[1] = 0
         with torch.cuda.stream(ts):
             with gputrace.span("stamp", i=i):
-                g, _h = one()
+                with stream:
+                    kernel((1,), (1,), (arr,))
+        while buf[1] == 0:
+            pass
+        ours.append(int(buf[0]))
         gputrace.flush()
-        ours.append(g)
     torch.cuda.synchronize()
     sp = spans("stamp")
-    ours_off = [s[0] - (g + offset_gt) for s, g in zip(sp, ours)]
+    start_off = [s[0] - (g + offset_gt) for s, g in zip(sp, ours)]
+    end_off = [s[1] - (g + offset_gt) for s, g in zip(sp, ours)]
+    kernel_ns = statistics.median(k[1] - k[0] for k in kk) if kk else None
     rt.freeHost(host_ptr)
     return {
         "host_minus_globaltimer_spread_ns": {"p50": spread[len(spread) // 2], "p90": spread[int(len(spread) * 0.9)]},
         "cupti_kernel_start_minus_truth_ns": {"median": statistics.median(cupti), "min": min(cupti), "max": max(cupti)}
         if cupti else None,
-        "gputrace_span_start_minus_truth_ns": {"median": statistics.median(ours_off), "min": min(ours_off),
-                                               "max": max(ours_off)},
+        "stamp_kernel_ns_by_cupti": kernel_ns,
+        "gputrace_span_start_minus_truth_ns": {"median": statistics.median(start_off), "min": min(start_off),
+                                               "max": max(start_off)},
+        "gputrace_span_end_minus_truth_ns": {"median": statistics.median(end_off), "min": min(end_off),
+                                             "max": max(end_off)},
+        "anchor_uncertainty_ns_median": statistics.median(a.uncertainty_ns for a in record.ACTIVE.timelines[0].anchors),
         "note": "truth = the kernel's own %globaltimer read mapped to host realtime by the spin test "
                 "(upper bound, tight to the PCIe write latency); a span's start event runs just before the kernel",
     }
