@@ -82,7 +82,7 @@ def match(sp: list[tuple[int, int, dict]], kernels: list[tuple[int, int]]) -> li
 
 
 def reset() -> None:
-    record.RECORDER = record.ACTIVE = None
+    record.set_recorder(None, None)
 
 
 def part1_and_2(seconds: float) -> dict[str, Any]:
@@ -124,17 +124,24 @@ def part1_and_2(seconds: float) -> dict[str, Any]:
         ms = first_anchor.event.elapsed_time(ev)
         single.append(first_anchor.host_ns + round(ms * 1e6) - k[0])
     n = len(offs)
-    early, late = offs[: max(1, n // 10)], offs[-max(1, n // 10):]
+    early, late = offs[: max(1, n // 10)], offs[-max(1, n // 10) :]
     return {
         "spans": n,
         "seconds": seconds,
         "kernel_ms_median": statistics.median(kdur) / 1e6,
         "duration_minus_kernel_ns": {"median": statistics.median(dur_diff), "min": min(dur_diff), "max": max(dur_diff)},
         "duration_target_ns": 2000 + 0.01 * statistics.median(kdur),
-        "start_offset_ns": {"median": statistics.median(offs), "min": min(offs), "max": max(offs),
-                             "first_10pct_median": statistics.median(early), "last_10pct_median": statistics.median(late)},
-        "single_anchor_offset_ns": {"first_10pct_median": statistics.median(single[: max(1, n // 10)]),
-                                    "last_10pct_median": statistics.median(single[-max(1, n // 10):])},
+        "start_offset_ns": {
+            "median": statistics.median(offs),
+            "min": min(offs),
+            "max": max(offs),
+            "first_10pct_median": statistics.median(early),
+            "last_10pct_median": statistics.median(late),
+        },
+        "single_anchor_offset_ns": {
+            "first_10pct_median": statistics.median(single[: max(1, n // 10)]),
+            "last_10pct_median": statistics.median(single[-max(1, n // 10) :]),
+        },
         "anchor_uncertainty_ns_median": statistics.median(x.uncertainty_ns for x in rec.timelines[0].anchors),
         "offsets_over_time_ns": offs,
     }
@@ -209,15 +216,22 @@ def part3() -> dict[str, Any]:
     return {
         "host_minus_globaltimer_spread_ns": {"p50": spread[len(spread) // 2], "p90": spread[int(len(spread) * 0.9)]},
         "cupti_kernel_start_minus_truth_ns": {"median": statistics.median(cupti), "min": min(cupti), "max": max(cupti)}
-        if cupti else None,
+        if cupti
+        else None,
         "stamp_kernel_ns_by_cupti": kernel_ns,
-        "gputrace_span_start_minus_truth_ns": {"median": statistics.median(start_off), "min": min(start_off),
-                                               "max": max(start_off)},
-        "gputrace_span_end_minus_truth_ns": {"median": statistics.median(end_off), "min": min(end_off),
-                                             "max": max(end_off)},
+        "gputrace_span_start_minus_truth_ns": {
+            "median": statistics.median(start_off),
+            "min": min(start_off),
+            "max": max(start_off),
+        },
+        "gputrace_span_end_minus_truth_ns": {
+            "median": statistics.median(end_off),
+            "min": min(end_off),
+            "max": max(end_off),
+        },
         "anchor_uncertainty_ns_median": statistics.median(a.uncertainty_ns for a in record.ACTIVE.timelines[0].anchors),
         "note": "truth = the kernel's own %globaltimer read mapped to host realtime by the spin test "
-                "(upper bound, tight to the PCIe write latency); a span's start event runs just before the kernel",
+        "(upper bound, tight to the PCIe write latency); a span's start event runs just before the kernel",
     }
 
 
@@ -227,7 +241,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--globaltimer-only", action="store_true")
     ns = ap.parse_args()
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda}
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     if not ns.globaltimer_only:
         result["cupti_comparison"] = part1_and_2(ns.seconds)
     try:

@@ -71,8 +71,7 @@ def fmt(v: float, unit: str) -> str:
 
 
 def reset() -> None:
-    record.RECORDER = None
-    record.ACTIVE = None
+    record.set_recorder(None, None)
     api._config = gputrace.Config()
 
 
@@ -443,8 +442,8 @@ def bench_merge(quick: bool) -> None:
     ranks, per = (8, 25_000) if quick else (8, 250_000)
     with tempfile.TemporaryDirectory() as d:
         code = (
-            "import sys; sys.path.insert(0, %r); from benchmarks.run import write_synthetic; write_synthetic(%r, %d, %d)"
-            % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, ranks, per)
+            "import sys; sys.path.insert(0, %r); from benchmarks.run import write_synthetic; "
+            "write_synthetic(%r, %d, %d)" % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d, ranks, per)
         )
         subprocess.run([sys.executable, "-c", code], check=True)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) / 1e6
@@ -456,7 +455,8 @@ def bench_merge(quick: bool) -> None:
                 [
                     sys.executable,
                     "-c",
-                    "import resource, sys; from gputrace.cli import main; sys.argv=['gputrace','merge',%r,'-o',%r,'--quiet'];\n"
+                    "import resource, sys; from gputrace.cli import main; "
+                    "sys.argv=['gputrace','merge',%r,'-o',%r,'--quiet'];\n"
                     "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
                     "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % (d, out),
                 ],

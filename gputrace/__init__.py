@@ -37,13 +37,14 @@ __all__ = [
     "save",
     "set_host_clock",
     "span",
+    "sync_clocks",
     "timer",
     "trace_dict",
 ]
 
-from gputrace.record import bind_compile_check as _bind
+from gputrace.record import watch_for_torch as _watch
 
-_bind()  # when torch is already imported (the usual order)
+_watch()  # torch.compile support is set up now, or right after `import torch`
 
 if enabled_from_env():
     from gputrace.api import enable_from_env

@@ -33,18 +33,6 @@ _atexit_registered = False
 _clock_syncs: list[ClockSync] = []
 
 
-class _LazyRecorder:
-    """Stands in for the recorder when the environment turned recording on at import: building
-    the real one imports torch, which `import gputrace` and the CLI must not. The first span
-    builds it."""
-
-    def open(self, s: Span) -> None:
-        _build().open(s)
-
-    def close_by_name(self, s: Span) -> None:
-        _build().close_by_name(s)
-
-
 def enable(**options: Any) -> None:
     """Turn recording on (again), with options from `Config` on top of the environment's."""
     global _config
@@ -53,26 +41,29 @@ def enable(**options: Any) -> None:
         rec = record.ACTIVE
         if rec is not None:
             rec.config = _config
-            record.RECORDER = rec
+            record.set_recorder(rec, rec)
         else:
             _build()
         _register_atexit()
 
 
 def enable_from_env() -> None:
+    """Recording on from the environment, at import. Building the recorder imports torch, which
+    `import gputrace` and the CLI must not, so the first span builds it."""
     global _config
     _config = Config.from_env()
-    record.RECORDER = _LazyRecorder()  # type: ignore[assignment]
+    record.LAZY = _build
     _register_atexit()
 
 
 def disable() -> None:
     """Stop recording new spans. Open spans still close; what was recorded can still be saved."""
-    record.RECORDER = None
+    record.LAZY = None
+    record.set_recorder(None, record.ACTIVE)
 
 
 def is_enabled() -> bool:
-    return record.RECORDER is not None
+    return record.RECORDER is not None or record.LAZY is not None
 
 
 def set_host_clock(clock: HostClock) -> None:
@@ -105,8 +96,8 @@ def _build() -> Recorder:
                     device = CudaDevice()
             record.bind_compile_check()
             rec = Recorder(_config, device, host_clock())
-            record.ACTIVE = rec
-        record.RECORDER = rec
+        record.LAZY = None
+        record.set_recorder(rec, rec)
         return rec
 
 

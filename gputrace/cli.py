@@ -56,7 +56,9 @@ def _progress(quiet: bool) -> Any:
 @main.command()
 @click.option("--out", "out_dir", default="gputrace-demo", show_default=True, help="directory for the traces")
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1, 100000), help="training steps to record")
-@click.option("--ranks", default=1, show_default=True, type=click.IntRange(1, 64), help="processes (gloo on CPU, NCCL on GPUs)")
+@click.option(
+    "--ranks", default=1, show_default=True, type=click.IntRange(1, 64), help="processes (gloo on CPU, NCCL on GPUs)"
+)
 @_guard
 def demo(out_dir: str, steps: int, ranks: int) -> None:
     """Train a small model with spans (GPU if present, else CPU), write and merge its traces."""
@@ -108,24 +110,45 @@ def summary(paths: tuple[str, ...], as_json: bool, step: str) -> None:
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--out", required=True, help="the merged trace to write")
-@click.option("--align", type=click.Choice(["clock", "none"]), default="clock", show_default=True,
-              help="clock: apply the offsets sync_clocks() measured; none: trust the host clocks")
-@click.option("--align-on", "align_on", default=None, metavar="NAME",
-              help="align the ends of the n-th span NAME (a collective) across ranks instead")
-@click.option("--occurrence", default=1, show_default=True, type=click.IntRange(1), help="which NAME span, with --align-on")
+@click.option(
+    "--align",
+    type=click.Choice(["clock", "none"]),
+    default="clock",
+    show_default=True,
+    help="clock: apply the offsets sync_clocks() measured; none: trust the host clocks",
+)
+@click.option(
+    "--align-on",
+    "align_on",
+    default=None,
+    metavar="NAME",
+    help="align the ends of the n-th span NAME (a collective) across ranks instead",
+)
+@click.option(
+    "--occurrence", default=1, show_default=True, type=click.IntRange(1), help="which NAME span, with --align-on"
+)
 @click.option("--rank-from-filename", is_flag=True, help="take each rank from 'rank<N>' in its file name")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar")
 @_guard
-def merge(paths: tuple[str, ...], out: str, align: str, align_on: str | None, occurrence: int,
-          rank_from_filename: bool, quiet: bool) -> None:
+def merge(
+    paths: tuple[str, ...],
+    out: str,
+    align: str,
+    align_on: str | None,
+    occurrence: int,
+    rank_from_filename: bool,
+    quiet: bool,
+) -> None:
     """Merge per-rank traces (files, directories or globs) into one aligned timeline."""
     from gputrace import merge as merge_mod
 
     meta = merge_mod.merge(paths, out, align, align_on, occurrence, rank_from_filename, _progress(quiet))
     for rank, a in meta["alignment"]["per_rank"].items():
         note = "; ".join(a.get("notes", []))
-        click.echo(f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
-                   + (f" ({note})" if note else ""))
+        click.echo(
+            f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+            + (f" ({note})" if note else "")
+        )
     click.echo(f"wrote {out}")
 
 

@@ -117,8 +117,12 @@ def run_ranks(out_dir: str, steps: int, ranks: int, timeout_s: float = 600) -> l
     for r in range(ranks):
         env = {
             **os.environ,
-            "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(r),
+            "WORLD_SIZE": str(ranks),
+            "LOCAL_RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
         }
         code = f"from gputrace.demo import train; train({out_dir!r}, {steps}, distributed=True)"
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True))

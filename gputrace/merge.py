@@ -109,8 +109,13 @@ def describe(path: str, header: dict[str, Any], rank_from_filename: bool) -> Ran
     return RankFile(path, rank, world if isinstance(world, int) else None, base, meta)
 
 
-def plan(paths: Iterable[str], align: str = "clock", align_on: str | None = None, occurrence: int = 1,
-         rank_from_filename: bool = False) -> list[RankFile]:
+def plan(
+    paths: Iterable[str],
+    align: str = "clock",
+    align_on: str | None = None,
+    occurrence: int = 1,
+    rank_from_filename: bool = False,
+) -> list[RankFile]:
     """Read every header, check the ranks, and work out each rank's offset."""
     files = expand(paths)
     if not files:
@@ -164,8 +169,9 @@ def _align_on(files: list[RankFile], name: str, occurrence: int) -> None:
             if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") == name
         )
         if len(found) < occurrence:
-            raise MergeError(f"{rf.path}: --align-on {name!r}: the trace has {len(found)} such spans, "
-                             f"occurrence {occurrence} asked")
+            raise MergeError(
+                f"{rf.path}: --align-on {name!r}: the trace has {len(found)} such spans, occurrence {occurrence} asked"
+            )
         ends[rf.rank] = found[occurrence - 1][1]
     ref = ends[files[0].rank]
     for rf in files:
@@ -212,8 +218,12 @@ def merge(
         },
         "rank_metadata": {str(rf.rank): rf.metadata for rf in files},
     }
-    header = {"baseTimeNanoseconds": base, "distributedInfo": {"world_size": world}, "metadata": meta,
-              "displayTimeUnit": "ns"}
+    header = {
+        "baseTimeNanoseconds": base,
+        "distributedInfo": {"world_size": world},
+        "metadata": meta,
+        "displayTimeUnit": "ns",
+    }
     directory = os.path.dirname(os.path.abspath(out))
     try:
         os.makedirs(directory, exist_ok=True)

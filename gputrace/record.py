@@ -17,6 +17,7 @@ import contextlib
 import enum
 import functools
 import itertools
+import os
 import sys
 import threading
 import warnings
@@ -53,7 +54,7 @@ class _Stack(list):  # type: ignore[type-arg]
     __slots__ = ("track",)
 
 
-class Span:
+class PySpan:
     """One span: the handle `span()` returns, and the record the recorder keeps.
 
     `t0`/`t1` hold CUDA events on a device track and monotonic ns on a host track. `stack` is
@@ -69,7 +70,7 @@ class Span:
         self.name = name
         self.args = args
 
-    def __enter__(self) -> Span:
+    def __enter__(self) -> PySpan:
         rec = RECORDER
         if rec is not None:
             rec.open(self)
@@ -82,7 +83,7 @@ class Span:
         if rec is not None:
             rec.close(self)
 
-    def start(self) -> Span:
+    def start(self) -> PySpan:
         """Open the span; pair with `.end()`."""
         return self.__enter__()
 
@@ -106,7 +107,7 @@ class Span:
         return f"<gputrace span {self.name!r}>"
 
 
-class OptSpan(Span):
+class PyOptSpan(PySpan):
     """A span with options: a host span, `cuda_sync`, or one that reports to a timer."""
 
     __slots__ = ("cuda", "sync", "owner")
@@ -147,7 +148,15 @@ NOOP = _NoopSpan()
 # before disable() still close and saving still works.
 RECORDER: Recorder | None = None
 ACTIVE: Recorder | None = None
+LAZY: Callable[[], Recorder] | None = None  # builds the recorder on first use (set from the environment)
 _warned: set[str] = set()
+
+
+def current() -> Recorder | None:
+    """The recorder spans record into now (built here if the environment asked for one)."""
+    if RECORDER is None and LAZY is not None:
+        LAZY()
+    return RECORDER
 
 
 def warn_once(key: str, message: str) -> None:
@@ -180,8 +189,12 @@ class Recorder:
         self._ids = itertools.count(1).__next__
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
-        self._check_at = config.max_pending
+        self._check = config.max_pending
         self._has_device = device is not None
+        # The C hot path when it is built (same logic; this class's _open_py/_close_py are the
+        # reference and the fallback).
+        self.open = _hot.open if _hot is not None else self._open_py
+        self.close = _hot.close if _hot is not None else self._close_py
         if device is not None:
             self._cur_dev = device.current_device
             self._raw_stream = device.raw_stream
@@ -198,7 +211,7 @@ class Recorder:
 
     # ---- hot path -------------------------------------------------------------------------
 
-    def open(self, s: Span) -> None:
+    def _open_py(self, s: Any) -> None:
         if s.cuda and self._has_device:
             try:
                 stacks = self._local.cuda
@@ -229,7 +242,7 @@ class Recorder:
         s.stack = stack
         stack.append(s)
 
-    def close(self, s: Span) -> None:
+    def _close_py(self, s: Any) -> None:
         stack = s.stack
         if stack and stack[-1] is s:
             stack.pop()
@@ -300,10 +313,7 @@ class Recorder:
     def _close_unusual(self, s: Span) -> bool:
         """A close that is not of the innermost open span. True: record its end."""
         stack = getattr(s, "stack", False)
-        if stack is None:  # skipped during CUDA graph capture
-            return False
-        if stack is False:
-            warn_once("never-started", f"span {s.name!r} ended but never started; ignored")
+        if stack is None or stack is False:  # skipped during CUDA graph capture, or never opened
             return False
         if any(x is s for x in stack):
             warn_once(
@@ -332,6 +342,17 @@ class Recorder:
                 return
         warn_once(f"end-unopened:{handle.name}", f"span {handle.name!r} ended but none is open on this stream; ignored")
 
+    @property
+    def _check_at(self) -> int:
+        """Pending length at which the hot path resolves by itself."""
+        return self._check
+
+    @_check_at.setter
+    def _check_at(self, n: int) -> None:
+        self._check = n
+        if _hot is not None and ACTIVE is self:
+            _hot.set_check_at(n)
+
     def _pending_full(self) -> None:
         self.flush(wait=False)
         # Whatever the GPU has not finished stays; look again after another max_pending spans.
@@ -357,13 +378,17 @@ class Recorder:
         with self._lock:
             if wait and self.device is not None:
                 self.device.synchronize()
-            pending, self.pending = self.pending, []
+            # In place: the C hot path holds this list. Each step is one atomic list operation,
+            # so a span another thread appends meanwhile stays for the next flush.
+            n = len(self.pending)
+            pending = self.pending[:n]
+            del self.pending[:n]
             done, waiting = _split_finished(pending) if not wait else (pending, [])
             devices = {s.track.device for s in done} - {None}  # type: ignore[union-attr]
             for dev in sorted(devices):  # type: ignore[type-var]
                 self._anchor(dev)  # type: ignore[arg-type]
             later = resolve(done, self.timelines, self.clock, self.store, self.pools)
-            self.pending = later + waiting + self.pending
+            self.pending[:0] = later + waiting
             self._check_at = len(self.pending) + self.config.max_pending
             return len(done) - len(later)
 
@@ -417,7 +442,7 @@ class _DisabledSpan(_NoopSpan):
 _disabled: dict[str, _DisabledSpan] = {}
 
 
-def span(name: Any, /, **args: Any) -> Any:
+def _py_span(name: Any, /, **args: Any) -> Any:
     """A span: `with span("fwd"):`, `@span`, `@span("name")`, or `s = span("x").start(); s.end()`.
 
     Keyword arguments land in the trace event's args, except `timer_type` (TimerType.CUDA, the
@@ -436,7 +461,7 @@ def span(name: Any, /, **args: Any) -> Any:
         return NULLCTX
     if args or type(name) is not str:
         return _span_slow(name, args)
-    s = _new(Span)
+    s = _new(PySpan)
     s.name = name
     s.args = None
     return s
@@ -445,6 +470,8 @@ def span(name: Any, /, **args: Any) -> Any:
 def _span_slow(name: Any, args: dict[str, Any]) -> Any:
     if _compiling():
         return NULLCTX
+    if RECORDER is None and LAZY is not None:
+        LAZY()
     if type(name) is not str:
         if callable(name) and not args:  # bare @span
             return traced(name, _qualname(name), None, True, False)
@@ -473,22 +500,73 @@ def _compiling_lazy() -> bool:
 
 
 def bind_compile_check() -> None:
-    """Once torch is imported, the check is torch.compiler.is_compiling itself (one call)."""
-    global _compiling
+    """Once torch is imported the check is torch.compiler.is_compiling itself (one call); once
+    Dynamo is imported it is told to trace the C span() as `nullcontext()` (it cannot trace
+    into C). Dynamo is not imported for this: it costs most of a second."""
+    global _compiling, _polyfilled
     torch = sys.modules.get("torch")
-    if torch is not None and _compiling is _compiling_lazy:
+    if torch is None:
+        return
+    if _compiling is _compiling_lazy:
         _compiling = torch.compiler.is_compiling
+    if _hot is not None and not _polyfilled and "torch._dynamo" in sys.modules:
+        substitute = getattr(torch.compiler, "substitute_in_graph", None)
+        if substitute is not None:
+            substitute(_hot.span, skip_signature_check=True)(_span_in_graph)
+        _polyfilled = True
+
+
+def _span_in_graph(name: Any, /, **args: Any) -> Any:
+    return NULLCTX
+
+
+class _AfterTorchImport:
+    """A meta-path finder that runs bind_compile_check() right after `import torch` and
+    `import torch._dynamo` finish: Dynamo must know about the C span() before it traces
+    anything, and nothing of gputrace's may run inside its trace to tell it later."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in ("torch", "torch._dynamo"):
+            return None
+        import importlib.machinery
+
+        if fullname == "torch._dynamo" or _hot is None:
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            try:
+                bind_compile_check()
+            except Exception as e:  # noqa: BLE001 - never break `import torch`
+                warnings.warn(f"gputrace could not prepare torch.compile support: {e}", GputraceWarning, stacklevel=2)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def watch_for_torch() -> None:
+    bind_compile_check()
+    done = "torch" in sys.modules and (_polyfilled or _hot is None)
+    if not done and not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorchImport())
+
+
+_polyfilled = False
 
 
 _compiling: Callable[[], bool] = _compiling_lazy
 NULLCTX = contextlib.nullcontext()
 
 
-def _span_call(self: Span, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _span_call(self: PySpan, fn: Callable[..., Any]) -> Callable[..., Any]:
     return traced(fn, self.name, self.args, self.cuda, self.sync)
 
 
-Span.__call__ = _span_call  # type: ignore[attr-defined]
+PySpan.__call__ = _span_call  # type: ignore[attr-defined]
 
 
 def traced(
@@ -512,3 +590,36 @@ def traced(
 
 def _qualname(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+# ---- the C hot path, when built -----------------------------------------------------------------
+
+try:
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GPUTRACE_PURE_PYTHON is set")
+    from gputrace import _hot
+except ImportError:
+    _hot = None
+
+if _hot is not None:
+    Span: Any = _hot.Span
+    OptSpan: Any = _hot.Span
+    span = _hot.span
+else:
+    Span = PySpan
+    OptSpan = PyOptSpan
+    span = _py_span
+
+
+def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
+    """Make `rec` the recorder spans record into (None: recording off) and `active` the one
+    they close into and save from."""
+    global RECORDER, ACTIVE
+    RECORDER, ACTIVE = rec, active
+    if _hot is not None:
+        _hot.install(rec, active, _disabled, _span_slow, traced)
+        if active is not None:
+            _hot.set_check_at(active._check_at)
+
+
+set_recorder(None, None)

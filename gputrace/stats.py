@@ -34,8 +34,9 @@ class NameStats:
 
 # Spans whose time is waiting for other ranks, not work: a straggler's peers spend its extra
 # time in them, so a step's length alone cannot tell who was slow.
-WAIT_NAMES = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|wait|nccl|gloo",
-                        re.IGNORECASE)
+WAIT_NAMES = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|wait|nccl|gloo", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def spans_by_rank(traces: list[dict[str, Any]]) -> dict[int, dict[str, list[tupl
             pid = ev.get("pid", 1)
             rank = pid - 1 if isinstance(pid, int) and pid > 0 else 0
             start = base + round(float(ev.get("ts", 0)) * 1000)
-            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append((start, round(float(ev.get("dur", 0)) * 1000)))
+            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append(
+                (start, round(float(ev.get("dur", 0)) * 1000))
+            )
     for names in out.values():
         for spans in names.values():
             spans.sort()
@@ -87,8 +90,19 @@ def name_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]]) -> list[Nam
         hi = max(totals, key=lambda r: (totals[r], -r))
         rows.append(
             NameStats(
-                name, len(ds), total, total / len(ds), percentile(ds, 50), percentile(ds, 90), percentile(ds, 99),
-                ds[-1], len(totals), lo, totals[lo], hi, totals[hi],
+                name,
+                len(ds),
+                total,
+                total / len(ds),
+                percentile(ds, 50),
+                percentile(ds, 90),
+                percentile(ds, 99),
+                ds[-1],
+                len(totals),
+                lo,
+                totals[lo],
+                hi,
+                totals[hi],
                 totals[hi] / totals[lo] if totals[lo] else float("inf") if totals[hi] else 1.0,
             )
         )
@@ -154,10 +168,15 @@ def table(rows: list[NameStats], steps: StepStats | None = None) -> str:
         head += ["least rank total", "largest rank total", "imbalance"]
     body = []
     for r in rows:
-        line = [r.name, str(r.count)] + [fmt_ns(v) for v in (r.total_ns, r.mean_ns, r.p50_ns, r.p90_ns, r.p99_ns, r.max_ns)]
+        line = [r.name, str(r.count)] + [
+            fmt_ns(v) for v in (r.total_ns, r.mean_ns, r.p50_ns, r.p90_ns, r.p99_ns, r.max_ns)
+        ]
         if multi:
-            line += [f"{fmt_ns(r.min_rank_total_ns)} (r{r.min_rank})", f"{fmt_ns(r.max_rank_total_ns)} (r{r.max_rank})",
-                     f"{r.imbalance:.2f}x"]
+            line += [
+                f"{fmt_ns(r.min_rank_total_ns)} (r{r.min_rank})",
+                f"{fmt_ns(r.max_rank_total_ns)} (r{r.max_rank})",
+                f"{r.imbalance:.2f}x",
+            ]
         body.append(line)
     text = _grid(head, body)
     if steps is not None and len(steps.times_slowest) > 1:

@@ -33,7 +33,7 @@ class TimerRecord:
 
     # -- recording --
     def start(self) -> TimerRecord:
-        rec = record.RECORDER
+        rec = record.current()
         if rec is not None:
             s = OptSpan(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
             rec.open(s)

@@ -131,8 +131,11 @@ def _llround(x: float) -> int:
 
 def format_report(r: Report) -> str:
     status = "ok" if r.ok else "INVALID"
-    lines = [f"{r.path}: {status}: {r.spans} spans on {r.tracks} tracks"
-             + (f", {len(r.errors)} errors" if r.errors else "") + (f", {len(r.warnings)} warnings" if r.warnings else "")]
+    lines = [
+        f"{r.path}: {status}: {r.spans} spans on {r.tracks} tracks"
+        + (f", {len(r.errors)} errors" if r.errors else "")
+        + (f", {len(r.warnings)} warnings" if r.warnings else "")
+    ]
     lines += [f"  error: {m}" for m in r.errors]
     lines += [f"  warning: {m}" for m in r.warnings]
     return "\n".join(lines)

@@ -67,8 +67,8 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _reset() -> None:
-    record.RECORDER = None
-    record.ACTIVE = None
+    record.LAZY = None
+    record.set_recorder(None, None)
     record._warned.clear()
     record._disabled.clear()
     api._clock = None
@@ -85,7 +85,7 @@ def install(fake: FakeDevice | None = None, **options: Any) -> Recorder:
     """A recorder driven by `fake` (None: host spans only, on the real clock), made current."""
     clock = fake_clock(fake) if fake is not None else HostClock()
     rec = Recorder(Config().replace(**options), fake, clock)
-    record.RECORDER = record.ACTIVE = rec
+    record.set_recorder(rec, rec)
     api._clock = clock
     return rec
 

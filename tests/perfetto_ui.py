@@ -15,8 +15,15 @@ from typing import Any
 
 PORT = 9001  # the only local origin the UI's content security policy lets it fetch from
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 QUERY_JS = """async (sql) => {
   const res = await window.app.trace.engine.query(sql);
@@ -89,7 +96,8 @@ class PerfettoUI:
         page = self.load(trace_file)
         try:
             errors = self.query(
-                page, "select name, idx, severity, value from stats where severity in ('error', 'data_loss') and value > 0"
+                page,
+                "select name, idx, severity, value from stats where severity in ('error', 'data_loss') and value > 0",
             )
             slices = self.query(page, "select count(*) as n from slice")[0]["n"]
             processes = sorted(r["name"] for r in self.query(page, "select name from process where name is not null"))

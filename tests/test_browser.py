@@ -60,8 +60,14 @@ def test_per_rank_trace_with_streams_and_misuse(ui, tmp_path) -> None:  # type: 
     assert r["errors"] == []
     assert r["slices"] == x_events(path) == 5 * 4 + 3
     assert r["processes"] == ["rank 0 (" + __import__("socket").gethostname() + ", Fake GPU 0)"]
-    assert r["threads"] == sorted(["cuda:0 default stream", "cuda:0 stream 1", "thread MainThread (host)",
-                                   "thread MainThread (host) (overflow 1)"])
+    assert r["threads"] == sorted(
+        [
+            "cuda:0 default stream",
+            "cuda:0 stream 1",
+            "thread MainThread (host)",
+            "thread MainThread (host) (overflow 1)",
+        ]
+    )
 
 
 def test_merged_gloo_ranks(ui, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -84,7 +84,8 @@ def test_span_agrees_with_profiler_kernel_time(tmp_path) -> None:  # type: ignor
         offsets.append(s["start"] - k_start)
         assert abs((s["end"] - s["start"]) - k_dur) <= 2_000 + 0.01 * k_dur
     print(
-        f"span - kernel duration (ns): median {statistics.median(diffs)}; start offset median {statistics.median(offsets)}"
+        f"span - kernel duration (ns): median {statistics.median(diffs)}; "
+        f"start offset median {statistics.median(offsets)}"
     )
     assert abs(statistics.median(offsets)) < 100_000
 
@@ -136,7 +137,8 @@ def test_flush_under_load_blocks_for_microseconds_not_the_queue() -> None:
     assert rec is not None
     u = [x.uncertainty_ns for x in rec.timelines[0].anchors]
     print(
-        f"flush under load: median {statistics.median(waits) / 1e3:.1f} us; anchor +-{statistics.median(u) / 1e3:.1f} us"
+        f"flush under load: median {statistics.median(waits) / 1e3:.1f} us; "
+        f"anchor +-{statistics.median(u) / 1e3:.1f} us"
     )
     assert statistics.median(u) < 30_000
     assert statistics.median(waits) < 2_000_000

@@ -36,8 +36,10 @@ def test_nccl_all_reduce_ends_line_up_after_merge(tmp_path) -> None:  # type: ig
     sync_err = meta["alignment"]["per_rank"]["1"]["error_ns"]
     anchors = [meta["rank_metadata"][r]["clock"]["device_anchors"][0]["uncertainty_ns_max"] for r in ("0", "1")]
     bound = sync_err + sum(anchors) + 20_000
-    print(f"NCCL all_reduce end gaps (ns): median {statistics.median(gaps)}, max {max(gaps)}; "
-          f"clock sync +-{sync_err} ns, anchors +-{anchors} ns, bound {bound} ns")
+    print(
+        f"NCCL all_reduce end gaps (ns): median {statistics.median(gaps)}, max {max(gaps)}; "
+        f"clock sync +-{sync_err} ns, anchors +-{anchors} ns, bound {bound} ns"
+    )
     assert statistics.median(gaps) <= bound
     tracks = {e["track"] for e in spans_of(trace)}
     assert {"cuda:0 default stream", "cuda:1 default stream"} <= tracks

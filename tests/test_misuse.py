@@ -139,8 +139,14 @@ def test_very_deep_nesting() -> None:
 
 def test_names_and_args_json_cannot_hold(tmp_path) -> None:  # type: ignore[no-untyped-def]
     gputrace.enable(cuda=False)
-    weird = ["ünïcödé ✓ 名前", 'quote " and \\ backslash', "new\nline", "</script><script>alert(1)</script>", "x" * 100_000,
-             "\udc80 lone surrogate"]
+    weird = [
+        "ünïcödé ✓ 名前",
+        'quote " and \\ backslash',
+        "new\nline",
+        "</script><script>alert(1)</script>",
+        "x" * 100_000,
+        "\udc80 lone surrogate",
+    ]
     for w in weird:
         with gputrace.span(w, value=w, nan=float("nan"), inf=float("-inf"), obj=object(), nested={"k": [1, None, w]}):
             pass
@@ -203,9 +209,11 @@ def test_past_max_spans_the_trace_says_how_many_were_dropped() -> None:
 
 def test_validate_cli_reports_problems_and_exits_non_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.json"
-    bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},'
-                   '{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5, "dur": 10},'
-                   '{"ph": "X", "name": "c", "pid": -1, "tid": 1, "ts": -3, "dur": 1}]}')
+    bad.write_text(
+        '{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 10},'
+        '{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 5, "dur": 10},'
+        '{"ph": "X", "name": "c", "pid": -1, "tid": 1, "ts": -3, "dur": 1}]}'
+    )
     r = CliRunner().invoke(main, ["validate", str(bad)])
     assert r.exit_code == 1
     assert "partly overlaps" in r.output and "pid/tid must be integers" in r.output

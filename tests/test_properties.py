@@ -33,10 +33,14 @@ op = st.one_of(
     st.tuples(st.just("close_any"), st.integers(0, THREADS - 1), st.integers(0, 10)),
     st.tuples(st.just("close_elsewhere"), st.integers(0, THREADS - 1), st.integers(0, 10)),
     st.tuples(st.just("end_by_name"), st.integers(0, THREADS - 1), st.integers(0, STREAMS - 1), st.integers(0, 3)),
-    st.tuples(st.just("double_end"),),
+    st.tuples(
+        st.just("double_end"),
+    ),
     st.tuples(st.just("work"), st.integers(0, STREAMS - 1), st.integers(0, 2_000_000)),
     st.tuples(st.just("advance"), st.integers(0, 3_000_000)),
-    st.tuples(st.just("flush"),),
+    st.tuples(
+        st.just("flush"),
+    ),
 )
 
 
@@ -96,7 +100,9 @@ def test_random_programs_always_give_valid_complete_traces(program: list[tuple])
                     fake.current[0] = streams[s]
                     stack = model.setdefault(key, [])
                     timer_type = "cpu" if cpu else "cuda"
-                    h = workers[t].call(lambda i=i, tt=timer_type: gputrace.span(f"n{i % 4}", i=i, timer_type=tt).start())
+                    h = workers[t].call(
+                        lambda i=i, tt=timer_type: gputrace.span(f"n{i % 4}", i=i, timer_type=tt).start()
+                    )
                     opened.append((i, h, stack[-1] if stack else None))
                     stack.append(i)
                     where[i] = key

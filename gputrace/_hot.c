@@ -1,0 +1,474 @@
+/* gputrace._hot: the span hot path in C.
+ *
+ * The same logic as the pure-Python path in record.py (which stays the reference and the
+ * fallback, and runs the same tests): span() hands out Span objects; entering one pushes it on
+ * its (thread, device, stream) stack and records a pooled CUDA event or a monotonic timestamp;
+ * leaving records the end and appends the span to the recorder's pending list. Anything unusual
+ * (a new stack, CUDA graph capture, cuda_sync, misuse, a full pending list) calls back into the
+ * recorder's Python methods. Built against the limited API, so one binary serves every Python
+ * from 3.10 on.
+ */
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x030A0000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* ---- state installed from Python (record.install_hot) ------------------------------------ */
+
+static PyObject *g_rec;        /* the recorder while recording is on, else NULL */
+static PyObject *g_active;     /* the last recorder (closes and saves after disable) */
+static PyObject *g_disabled;   /* dict: name -> shared disabled handle */
+static PyObject *g_slow;       /* record._span_slow(name, kwargs) */
+static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
+
+/* fields of g_rec, cached at install time */
+static PyObject *r_local, *r_cur_dev, *r_raw_stream, *r_capturing, *r_pools, *r_new_event, *r_record,
+    *r_gens, *r_mono, *r_pending, *r_open_slow, *r_close_slow, *r_pending_full, *r_close_by_name, *r_close_py;
+static int r_has_device, r_native_mono;
+static Py_ssize_t r_check_at;
+
+static PyObject *s_host, *s_cuda, *s_track, *s_stream, *s_device, *s_name;
+
+static PyTypeObject *SpanType;
+
+#define SETREF(dst, src)            \
+    do {                            \
+        PyObject *_old = (dst);     \
+        (dst) = (src);              \
+        Py_XDECREF(_old);           \
+    } while (0)
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name, *args, *stack, *parent, *id, *gen, *t0, *t1, *error, *owner;
+    char cuda, sync;
+} Span;
+
+#define CLEAR_STATE()                                                                             \
+    do {                                                                                          \
+        Py_CLEAR(r_local); Py_CLEAR(r_cur_dev); Py_CLEAR(r_raw_stream); Py_CLEAR(r_capturing);    \
+        Py_CLEAR(r_pools); Py_CLEAR(r_new_event); Py_CLEAR(r_record); Py_CLEAR(r_gens);           \
+        Py_CLEAR(r_mono); Py_CLEAR(r_pending); Py_CLEAR(r_open_slow); Py_CLEAR(r_close_slow);     \
+        Py_CLEAR(r_pending_full); Py_CLEAR(r_close_by_name); Py_CLEAR(r_close_py);                                     \
+    } while (0)
+
+static PyObject *get(PyObject *o, const char *name) { return PyObject_GetAttrString(o, name); }
+
+/* install(rec_or_None, active_or_None, disabled, span_slow, traced) */
+static PyObject *hot_install(PyObject *self, PyObject *args) {
+    PyObject *rec, *active, *disabled, *slow, *traced;
+    if (!PyArg_ParseTuple(args, "OOOOO", &rec, &active, &disabled, &slow, &traced)) return NULL;
+    SETREF(g_disabled, Py_NewRef(disabled));
+    SETREF(g_slow, Py_NewRef(slow));
+    SETREF(g_traced, Py_NewRef(traced));
+    Py_CLEAR(g_active);
+    if (active != Py_None) g_active = Py_NewRef(active);
+    Py_CLEAR(g_rec);
+    CLEAR_STATE();
+    if (active == Py_None) Py_RETURN_NONE;
+    PyObject *src = active;
+    if (!(r_local = get(src, "_local")) || !(r_pools = get(src, "pools")) || !(r_gens = get(src, "gens")) ||
+        !(r_mono = get(src, "_mono")) || !(r_pending = get(src, "pending")) ||
+        !(r_open_slow = get(src, "_open_py")) || !(r_close_slow = get(src, "_close_unusual")) ||
+        !(r_pending_full = get(src, "_pending_full")) || !(r_close_by_name = get(src, "close_by_name")) ||
+        !(r_close_py = get(src, "_close_py")))
+        goto fail;
+    PyObject *hd = get(src, "_has_device");
+    if (!hd) goto fail;
+    r_has_device = PyObject_IsTrue(hd);
+    Py_DECREF(hd);
+    if (r_has_device) {
+        if (!(r_cur_dev = get(src, "_cur_dev")) || !(r_raw_stream = get(src, "_raw_stream")) ||
+            !(r_capturing = get(src, "_capturing")) || !(r_new_event = get(src, "_new_event")) ||
+            !(r_record = get(src, "_record")))
+            goto fail;
+    }
+    PyObject *time_mod = PyImport_ImportModule("time");
+    if (!time_mod) goto fail;
+    PyObject *mono = get(time_mod, "monotonic_ns");
+    Py_DECREF(time_mod);
+    if (!mono) goto fail;
+    r_native_mono = (mono == r_mono);
+    Py_DECREF(mono);
+    PyObject *ca = get(src, "_check_at");
+    if (!ca) goto fail;
+    r_check_at = PyLong_AsSsize_t(ca);
+    Py_DECREF(ca);
+    if (rec != Py_None) g_rec = Py_NewRef(rec);
+    Py_RETURN_NONE;
+fail:
+    CLEAR_STATE();
+    return NULL;
+}
+
+static PyObject *hot_set_check_at(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    r_check_at = n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *mono_now(void) {
+    if (r_native_mono) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    }
+    return PyObject_CallNoArgs(r_mono);
+}
+
+/* ---- open / close -------------------------------------------------------------------------- */
+
+/* The stack for this span on this thread, or NULL with no error set: take the slow path. */
+static PyObject *find_stack(Span *s, PyObject **dev_out) {
+    *dev_out = NULL;
+    if (s->cuda && r_has_device) {
+        PyObject *stacks = PyObject_GetAttr(r_local, s_cuda);
+        if (!stacks) { PyErr_Clear(); return NULL; }
+        PyObject *dev = PyObject_CallNoArgs(r_cur_dev);
+        if (!dev) { Py_DECREF(stacks); return NULL; }
+        PyObject *raw = PyObject_CallFunctionObjArgs(r_raw_stream, dev, NULL);
+        if (!raw) { Py_DECREF(stacks); Py_DECREF(dev); return NULL; }
+        PyObject *key = PyTuple_Pack(2, dev, raw);
+        Py_DECREF(raw);
+        if (!key) { Py_DECREF(stacks); Py_DECREF(dev); return NULL; }
+        PyObject *stack = PyDict_GetItemWithError(stacks, key); /* borrowed */
+        Py_DECREF(key);
+        Py_XINCREF(stack);
+        Py_DECREF(stacks);
+        if (!stack) { Py_DECREF(dev); return NULL; }
+        *dev_out = dev;
+        return stack;
+    }
+    PyObject *stack = PyObject_GetAttr(r_local, s_host);
+    if (!stack) PyErr_Clear();
+    return stack;
+}
+
+static PyObject *pooled_event(PyObject *dev) {
+    PyObject *pool = PyObject_GetItem(r_pools, dev);
+    if (!pool) return NULL;
+    PyObject *ev;
+    Py_ssize_t n = PyList_Size(pool);
+    if (n > 0) {
+        ev = PyList_GetItem(pool, n - 1); /* borrowed */
+        Py_INCREF(ev);
+        if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) { Py_DECREF(ev); ev = NULL; }
+    } else {
+        ev = PyObject_CallNoArgs(r_new_event);
+    }
+    Py_DECREF(pool);
+    return ev;
+}
+
+static int record_on(PyObject *ev, PyObject *track) {
+    PyObject *stream = PyObject_GetAttr(track, s_stream);
+    if (!stream) return -1;
+    PyObject *r = PyObject_CallFunctionObjArgs(r_record, ev, stream, NULL);
+    Py_DECREF(stream);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *open_span(Span *s) {
+    if (s->sync) return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+    PyObject *dev;
+    PyObject *stack = find_stack(s, &dev);
+    if (!stack) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+    }
+    if (dev) {
+        PyObject *cap = PyObject_CallNoArgs(r_capturing);
+        int capturing = cap ? PyObject_IsTrue(cap) : -1;
+        Py_XDECREF(cap);
+        if (capturing != 0) {
+            Py_DECREF(stack);
+            Py_DECREF(dev);
+            if (capturing < 0) return NULL;
+            return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+        }
+        PyObject *track = PyObject_GetAttr(stack, s_track);
+        PyObject *ev = track ? pooled_event(dev) : NULL;
+        if (!ev || record_on(ev, track) < 0) {
+            Py_XDECREF(ev); Py_XDECREF(track); Py_DECREF(stack); Py_DECREF(dev);
+            return NULL;
+        }
+        Py_DECREF(track);
+        SETREF(s->t0, ev);
+        PyObject *gen = PyObject_GetItem(r_gens, dev);
+        Py_DECREF(dev);
+        if (!gen) { Py_DECREF(stack); return NULL; }
+        SETREF(s->gen, gen);
+    } else {
+        PyObject *t = mono_now();
+        if (!t) { Py_DECREF(stack); return NULL; }
+        SETREF(s->t0, t);
+    }
+    Py_ssize_t n = PyList_Size(stack);
+    PyObject *parent = n > 0 ? PyList_GetItem(stack, n - 1) : Py_None;
+    SETREF(s->parent, Py_NewRef(parent));
+    SETREF(s->stack, stack); /* takes our reference */
+    if (PyList_Append(stack, (PyObject *)s) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *close_span(Span *s) {
+    if (s->sync) return PyObject_CallFunctionObjArgs(r_close_py, (PyObject *)s, NULL);
+    PyObject *stack = s->stack;
+    Py_ssize_t n = (stack && stack != Py_None) ? PyList_Size(stack) : 0;
+    if (n > 0 && PyList_GetItem(stack, n - 1) == (PyObject *)s) {
+        if (PyList_SetSlice(stack, n - 1, n, NULL) < 0) return NULL;
+    } else {
+        PyErr_Clear();
+        PyObject *go = PyObject_CallFunctionObjArgs(r_close_slow, (PyObject *)s, NULL);
+        if (!go) return NULL;
+        int record_end = PyObject_IsTrue(go);
+        Py_DECREF(go);
+        if (!record_end) Py_RETURN_NONE;
+        stack = s->stack;
+    }
+    PyObject *track = PyObject_GetAttr(stack, s_track);
+    if (!track) return NULL;
+    PyObject *dev = PyObject_GetAttr(track, s_device);
+    if (!dev) { Py_DECREF(track); return NULL; }
+    if (dev != Py_None) {
+        PyObject *ev = pooled_event(dev);
+        if (!ev || record_on(ev, track) < 0) {
+            Py_XDECREF(ev); Py_DECREF(track); Py_DECREF(dev);
+            return NULL;
+        }
+        SETREF(s->t1, ev);
+    } else {
+        PyObject *t = mono_now();
+        if (!t) { Py_DECREF(track); Py_DECREF(dev); return NULL; }
+        SETREF(s->t1, t);
+    }
+    Py_DECREF(track);
+    Py_DECREF(dev);
+    if (PyList_Append(r_pending, (PyObject *)s) < 0) return NULL;
+    if (PyList_Size(r_pending) >= r_check_at) return PyObject_CallNoArgs(r_pending_full);
+    Py_RETURN_NONE;
+}
+
+/* ---- the Span type ------------------------------------------------------------------------- */
+
+static PyObject *Span_new_from(PyTypeObject *type, PyObject *name, PyObject *args) {
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    Span *s = (Span *)alloc(type, 0);
+    if (!s) return NULL;
+    s->name = Py_NewRef(name);
+    s->args = Py_NewRef(args);
+    s->cuda = 1;
+    return (PyObject *)s;
+}
+
+static int Span_init(Span *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "args", "cuda", "sync", "owner", NULL};
+    PyObject *name, *a = Py_None, *owner = Py_None;
+    int cuda = 1, sync = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OppO", kwlist, &name, &a, &cuda, &sync, &owner)) return -1;
+    SETREF(self->name, Py_NewRef(name));
+    SETREF(self->args, Py_NewRef(a));
+    SETREF(self->owner, owner == Py_None ? NULL : Py_NewRef(owner));
+    self->cuda = (char)cuda;
+    self->sync = (char)sync;
+    return 0;
+}
+
+static int Span_traverse(Span *s, visitproc visit, void *arg) {
+    Py_VISIT(s->name); Py_VISIT(s->args); Py_VISIT(s->stack); Py_VISIT(s->parent); Py_VISIT(s->id);
+    Py_VISIT(s->gen); Py_VISIT(s->t0); Py_VISIT(s->t1); Py_VISIT(s->error); Py_VISIT(s->owner);
+    return 0;
+}
+
+static int Span_clear(Span *s) {
+    Py_CLEAR(s->name); Py_CLEAR(s->args); Py_CLEAR(s->stack); Py_CLEAR(s->parent); Py_CLEAR(s->id);
+    Py_CLEAR(s->gen); Py_CLEAR(s->t0); Py_CLEAR(s->t1); Py_CLEAR(s->error); Py_CLEAR(s->owner);
+    return 0;
+}
+
+static void Span_dealloc(Span *s) {
+    PyTypeObject *tp = Py_TYPE(s);
+    PyObject_GC_UnTrack(s);
+    Span_clear(s);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(s);
+    Py_DECREF(tp);
+}
+
+static PyObject *Span_enter(Span *self, PyObject *unused) {
+    if (g_rec) {
+        PyObject *r = open_span(self);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *Span_exit(Span *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 0 && args[0] != Py_None) {
+        PyObject *n = PyObject_GetAttr(args[0], s_name);
+        if (!n) return NULL;
+        SETREF(self->error, n);
+    }
+    if (g_active) {
+        PyObject *r = close_span(self);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Span_end(Span *self, PyObject *unused) {
+    if (!self->stack) {
+        if (g_rec) return PyObject_CallFunctionObjArgs(r_close_by_name, (PyObject *)self, NULL);
+        Py_RETURN_NONE;
+    }
+    return Span_exit(self, NULL, 0);
+}
+
+static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O", &fn)) return NULL;
+    return PyObject_CallFunction(g_traced, "OOOOO", fn, self->name, self->args, self->cuda ? Py_True : Py_False,
+                                 self->sync ? Py_True : Py_False);
+}
+
+static PyObject *Span_track(Span *self, void *closure) {
+    if (!self->stack || self->stack == Py_None) Py_RETURN_NONE;
+    return PyObject_GetAttr(self->stack, s_track);
+}
+
+static PyObject *Span_repr(Span *self) { return PyUnicode_FromFormat("<gputrace span %R>", self->name); }
+
+static PyMethodDef Span_methods[] = {
+    {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL, NULL},
+    {"start", (PyCFunction)Span_enter, METH_NOARGS, "Open the span; pair with .end()."},
+    {"end", (PyCFunction)Span_end, METH_NOARGS,
+     "Close the span. On a handle never started, close the innermost open span of this name."},
+    {NULL},
+};
+
+static PyMemberDef Span_members[] = {
+    {"name", T_OBJECT_EX, offsetof(Span, name), 0, NULL},
+    {"args", T_OBJECT, offsetof(Span, args), 0, NULL},
+    {"stack", T_OBJECT_EX, offsetof(Span, stack), 0, NULL},
+    {"parent", T_OBJECT_EX, offsetof(Span, parent), 0, NULL},
+    {"id", T_OBJECT_EX, offsetof(Span, id), 0, NULL},
+    {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
+    {"t0", T_OBJECT_EX, offsetof(Span, t0), 0, NULL},
+    {"t1", T_OBJECT_EX, offsetof(Span, t1), 0, NULL},
+    {"error", T_OBJECT_EX, offsetof(Span, error), 0, NULL},
+    {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
+    {"cuda", T_BOOL, offsetof(Span, cuda), 0, NULL},
+    {"sync", T_BOOL, offsetof(Span, sync), 0, NULL},
+    {NULL},
+};
+
+static PyGetSetDef Span_getset[] = {
+    {"track", (getter)Span_track, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyType_Slot Span_slots[] = {
+    {Py_tp_doc, "One span: the handle span() returns, and the record the recorder keeps."},
+    {Py_tp_init, Span_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, Span_dealloc},
+    {Py_tp_traverse, Span_traverse},
+    {Py_tp_clear, Span_clear},
+    {Py_tp_methods, Span_methods},
+    {Py_tp_members, Span_members},
+    {Py_tp_getset, Span_getset},
+    {Py_tp_call, Span_call},
+    {Py_tp_repr, Span_repr},
+    {0, NULL},
+};
+
+static PyType_Spec Span_spec = {
+    "gputrace._hot.Span", sizeof(Span), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, Span_slots,
+};
+
+/* ---- span() and the recorder entry points ------------------------------------------------- */
+
+static PyObject *slow_path(PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *kw = PyDict_New();
+    if (!kw) return NULL;
+    Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[nargs + i]) < 0) { Py_DECREF(kw); return NULL; }
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(g_slow, name, kw, NULL);
+    Py_DECREF(kw);
+    return r;
+}
+
+static PyObject *hot_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "span() takes one positional argument, the name (or a function)");
+        return NULL;
+    }
+    PyObject *name = args[0];
+    int has_kw = kwnames && PyTuple_Size(kwnames) > 0;
+    if (!g_disabled || !g_slow) {
+        PyErr_SetString(PyExc_RuntimeError, "gputrace._hot is used before gputrace.record installed it");
+        return NULL;
+    }
+    if (!g_rec) {
+        if (!has_kw) {
+            PyObject *h = PyDict_GetItemWithError(g_disabled, name);
+            if (h) return Py_NewRef(h);
+            if (PyErr_Occurred()) PyErr_Clear(); /* unhashable: the slow path explains */
+        }
+        return slow_path(name, args, nargs, kwnames);
+    }
+    if (has_kw || !PyUnicode_CheckExact(name)) return slow_path(name, args, nargs, kwnames);
+    return Span_new_from(SpanType, name, Py_None);
+}
+
+static PyObject *hot_open(PyObject *self, PyObject *s) {
+    if (!PyObject_TypeCheck(s, SpanType)) {
+        PyErr_SetString(PyExc_TypeError, "open() takes a Span");
+        return NULL;
+    }
+    return open_span((Span *)s);
+}
+
+static PyObject *hot_close(PyObject *self, PyObject *s) {
+    if (!PyObject_TypeCheck(s, SpanType)) {
+        PyErr_SetString(PyExc_TypeError, "close() takes a Span");
+        return NULL;
+    }
+    return close_span((Span *)s);
+}
+
+static PyMethodDef hot_methods[] = {
+    {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"install", hot_install, METH_VARARGS, NULL},
+    {"set_check_at", hot_set_check_at, METH_O, NULL},
+    {"open", hot_open, METH_O, NULL},
+    {"close", hot_close, METH_O, NULL},
+    {NULL},
+};
+
+static struct PyModuleDef hot_module = {PyModuleDef_HEAD_INIT, "gputrace._hot", NULL, -1, hot_methods};
+
+PyMODINIT_FUNC PyInit__hot(void) {
+    PyObject *m = PyModule_Create(&hot_module);
+    if (!m) return NULL;
+    s_host = PyUnicode_InternFromString("host");
+    s_cuda = PyUnicode_InternFromString("cuda");
+    s_track = PyUnicode_InternFromString("track");
+    s_stream = PyUnicode_InternFromString("stream");
+    s_device = PyUnicode_InternFromString("device");
+    s_name = PyUnicode_InternFromString("__name__");
+    SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);
+    if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) return NULL;
+    return m;
+}
