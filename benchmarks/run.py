@@ -75,12 +75,18 @@ def reset() -> None:
     api._config = gputrace.Config()
 
 
-def interleaved(stmts: dict[str, str], ns: dict[str, Any], number: int, repeats: int) -> dict[str, list[float]]:
-    """ns per execution of each statement; the statements take turns in every repeat."""
+def interleaved(
+    stmts: dict[str, str], ns: dict[str, Any], number: int, repeats: int, between: Callable[[], Any] | None = None
+) -> dict[str, list[float]]:
+    """ns per execution of each statement; the statements take turns in every repeat.
+    `between` runs after each timed batch, untimed (gputrace's flush: resolving is measured
+    on its own, in the pipeline section)."""
     timers = {k: timeit.Timer(v, globals=ns) for k, v in stmts.items()}
     out: dict[str, list[float]] = {k: [] for k in stmts}
     for t in timers.values():
         t.timeit(max(1, number // 10))  # warm up
+        if between:
+            between()
     for _ in range(repeats):
         for k, t in timers.items():
             gc.disable()
@@ -88,6 +94,8 @@ def interleaved(stmts: dict[str, str], ns: dict[str, Any], number: int, repeats:
                 out[k].append(t.timeit(number) / number * 1e9)
             finally:
                 gc.enable()
+            if between:
+                between()
     return out
 
 
@@ -158,9 +166,19 @@ def bench_cuda_span(quick: bool) -> None:
     stream = torch.cuda.current_stream()
     e1, e2 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reset()
-    # Steady state: gputrace resolves by itself every 4096 spans (its cost is in the figure), so
-    # its event pool is warm, as it is in a run that flushes once a step.
-    gputrace.enable(max_pending=4096)
+    # Enter + exit only, in steady state: the event pool is warm (as in a run that flushes once a
+    # step) and nothing resolves inside the timed loop; resolving is the pipeline section's row.
+    gputrace.enable(max_pending=1 << 30)
+    for _ in range(number):
+        with gputrace.span("warm"):
+            pass
+    torch.cuda.synchronize()
+    record.ACTIVE.flush(wait=True)  # type: ignore[union-attr]
+
+    def drain() -> None:
+        torch.cuda.synchronize()
+        record.ACTIVE.flush(wait=True)  # type: ignore[union-attr]
+
     ns = {
         "torch": torch,
         "gputrace": gputrace,
@@ -185,7 +203,7 @@ def bench_cuda_span(quick: bool) -> None:
         "lookup": "d = dev(); r = raws(d); d = dev(); r = raws(d)",
         "capturing": "capt(); capt()",
     }
-    res = interleaved(stmts, ns, number, repeats)
+    res = interleaved(stmts, ns, number, repeats, between=drain)
     g = "CUDA span host cost"
     add(Row(g, "floor: 2 pooled Event.record(stream)", "ns", res["floor"]))
     add(
@@ -260,9 +278,9 @@ def _step_fn(torch: Any, width: int, depth: int, batch: int, seq: int, dtype: An
     model = _model(torch, width, depth).cuda().to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     x0 = torch.randn(batch, seq, width, device="cuda", dtype=dtype)
-    span = gputrace.span
 
     def step() -> None:
+        span = gputrace.span  # looked up per step: the benchmark swaps in the floor variant
         with span("step"):
             with span("forward"):
                 x = x0
@@ -279,44 +297,71 @@ def _step_fn(torch: Any, width: int, depth: int, batch: int, seq: int, dtype: An
     return step
 
 
+class _RawEvents:
+    """The floor for a real step: the same spans as bare pooled event pairs on the (only)
+    stream, with no bookkeeping. What any CUDA-event timer costs the GPU and the host."""
+
+    def __init__(self, torch: Any, n: int = 8192) -> None:
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        self.stream = torch.cuda.current_stream()
+        self.i = 0
+
+    def __call__(self, name: str, **args: Any) -> _RawEvents:
+        return self
+
+    def __enter__(self) -> None:
+        self.events[self.i % len(self.events)].record(self.stream)
+        self.i += 1
+
+    def __exit__(self, *a: Any) -> None:
+        self.events[self.i % len(self.events)].record(self.stream)
+        self.i += 1
+
+
 def bench_step(quick: bool) -> None:
     import torch
 
-    for label, (width, depth, batch, seq), pairs in [
-        ("GPU-bound step", (2048, 12, 8, 1024), 10 if quick else 30),
-        ("launch-bound step", (128, 12, 1, 16), 20 if quick else 100),
+    real_span = gputrace.span
+    for label, (width, depth, batch, seq), rounds in [
+        ("GPU-bound step", (2048, 12, 8, 1024), 8 if quick else 25),
+        ("launch-bound step", (128, 12, 1, 16), 15 if quick else 60),
     ]:
         reset()
         gputrace.enable()
         step = _step_fn(torch, width, depth, batch, seq, torch.bfloat16)
+        raw = _RawEvents(torch)
         for _ in range(3):
             step()
         gputrace.flush()
         torch.cuda.synchronize()
         spans_per_step = 4 + depth * 9
-        times: dict[bool, list[float]] = {True: [], False: []}
-        for i in range(pairs):
-            for on in (True, False) if i % 2 == 0 else (False, True):
-                if on:
+        variants = ["off", "raw", "on"]
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        for i in range(rounds):
+            for v in variants[i % 3 :] + variants[: i % 3]:  # rotate the order every round
+                gputrace.span = raw if v == "raw" else real_span  # type: ignore[assignment]
+                if v == "on":
                     gputrace.enable()
                 else:
                     gputrace.disable()
                 torch.cuda.synchronize()
                 t0 = time.perf_counter_ns()
                 step()
-                if on:
+                if v == "on":
                     gputrace.flush()
                 torch.cuda.synchronize()
-                times[on].append((time.perf_counter_ns() - t0) / 1e6)
+                times[v].append((time.perf_counter_ns() - t0) / 1e6)
+        gputrace.span = real_span  # type: ignore[assignment]
         g = f"{label} ({spans_per_step} spans)"
-        add(Row(g, "gputrace off", "ms", times[False]))
+        add(Row(g, "gputrace off", "ms", times["off"]))
+        add(Row(g, "floor: bare pooled event pairs, no gputrace", "ms", times["raw"], "gputrace off"))
         limit = 1.01 if label.startswith("GPU") else None
         add(
             Row(
                 g,
                 "gputrace on (+ flush each step)",
                 "ms",
-                times[True],
+                times["on"],
                 "gputrace off",
                 "<= 1.01x" if limit else "",
                 limit,
@@ -388,10 +433,9 @@ def bench_pipeline(quick: bool, cuda: bool) -> None:
         record.ACTIVE.flush(wait=True)  # type: ignore[union-attr]
         resolve_s.append(n / (time.perf_counter() - t0))
         t0 = time.perf_counter()
-        trace = gputrace.trace_dict()
-        data = gputrace.export.dumps(trace)
+        data = api.trace_bytes()  # what save() writes: layout, encoding, metadata
         export_s.append(n / (time.perf_counter() - t0))
-        del trace, data
+        del data
     kind = "CUDA" if cuda else "host"
     add(Row("pipeline", f"resolve at flush ({kind} spans)", "spans/s", resolve_s))
     add(

@@ -14,7 +14,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 #include <time.h>
+#include <stdio.h>
 
 /* ---- state installed from Python (record.install_hot) ------------------------------------ */
 
@@ -28,6 +30,7 @@ static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
 static PyObject *r_local, *r_cur_dev, *r_raw_stream, *r_capturing, *r_pools, *r_new_event, *r_record,
     *r_gens, *r_mono, *r_pending, *r_open_slow, *r_close_slow, *r_pending_full, *r_close_by_name, *r_close_py;
 static int r_has_device, r_native_mono;
+static int g_capture; /* CUDA graph captures under way (torch.cuda.CUDAGraph, watched from Python) */
 static Py_ssize_t r_check_at;
 
 static PyObject *s_host, *s_cuda, *s_track, *s_stream, *s_device, *s_name;
@@ -82,7 +85,7 @@ static PyObject *hot_install(PyObject *self, PyObject *args) {
     Py_DECREF(hd);
     if (r_has_device) {
         if (!(r_cur_dev = get(src, "_cur_dev")) || !(r_raw_stream = get(src, "_raw_stream")) ||
-            !(r_capturing = get(src, "_capturing")) || !(r_new_event = get(src, "_new_event")) ||
+            !(r_new_event = get(src, "_new_event")) ||
             !(r_record = get(src, "_record")))
             goto fail;
     }
@@ -108,6 +111,13 @@ static PyObject *hot_set_check_at(PyObject *self, PyObject *arg) {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     r_check_at = n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *hot_set_capture(PyObject *self, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    g_capture = (int)n;
     Py_RETURN_NONE;
 }
 
@@ -183,13 +193,9 @@ static PyObject *open_span(Span *s) {
         return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
     }
     if (dev) {
-        PyObject *cap = PyObject_CallNoArgs(r_capturing);
-        int capturing = cap ? PyObject_IsTrue(cap) : -1;
-        Py_XDECREF(cap);
-        if (capturing != 0) {
+        if (g_capture) { /* the Python path asks CUDA itself, and skips the span if capturing */
             Py_DECREF(stack);
             Py_DECREF(dev);
-            if (capturing < 0) return NULL;
             return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
         }
         PyObject *track = PyObject_GetAttr(stack, s_track);
@@ -448,10 +454,216 @@ static PyObject *hot_close(PyObject *self, PyObject *s) {
     return close_span((Span *)s);
 }
 
+/* ---- encoding spans as Chrome JSON ------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const char *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        char *p = PyMem_Realloc(b->p, cap);
+        if (!p) { PyErr_NoMemory(); return -1; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_bytes(Buf *b, PyObject *o) {
+    char *data;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(o, &data, &n) < 0) return -1;
+    return buf_put(b, data, (size_t)n);
+}
+
+#define PUT_LIT(b, lit) buf_put((b), (lit), sizeof(lit) - 1)
+
+static int item_ll(PyObject *list, Py_ssize_t i, long long *out) {
+    PyObject *o = PyList_GetItem(list, i);
+    if (!o) return -1;
+    *out = PyLong_AsLongLong(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* encode_events(name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json)
+ * -> the X events, comma-separated, ts/dur as exact decimals of integer ns (as the Python twin). */
+static PyObject *hot_encode_events(PyObject *self, PyObject *args) {
+    PyObject *name_json, *name_idx, *cats, *track_idx, *lanes, *tid_base, *starts, *ends, *args_json;
+    long long pid, base;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!LO!O!LO!", &PyList_Type, &name_json, &PyList_Type, &name_idx,
+                          &PyList_Type, &cats, &PyList_Type, &track_idx, &PyList_Type, &lanes, &PyList_Type, &tid_base,
+                          &pid, &PyList_Type, &starts, &PyList_Type, &ends, &base, &PyList_Type, &args_json))
+        return NULL;
+    PyObject *tids = lanes;
+    Py_ssize_t n = PyList_Size(starts);
+    if (PyList_Size(ends) != n || PyList_Size(name_idx) != n || PyList_Size(track_idx) != n ||
+        PyList_Size(tids) != n || PyList_Size(args_json) != n) {
+        PyErr_SetString(PyExc_ValueError, "encode_events: columns of different lengths");
+        return NULL;
+    }
+    Buf b = {NULL, 0, 0};
+    char num[160];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long s, e, ni, ti, ln, tb;
+        if (item_ll(starts, i, &s) < 0 || item_ll(ends, i, &e) < 0 || item_ll(name_idx, i, &ni) < 0 ||
+            item_ll(track_idx, i, &ti) < 0 || item_ll(tids, i, &ln) < 0 || item_ll(tid_base, (Py_ssize_t)ti, &tb) < 0)
+            goto fail;
+        long long tid = tb + ln;
+        PyObject *nm = PyList_GetItem(name_json, (Py_ssize_t)ni);
+        PyObject *cat = PyList_GetItem(cats, (Py_ssize_t)ti);
+        PyObject *a = PyList_GetItem(args_json, i);
+        if (!nm || !cat || !a) goto fail;
+        long long ts = s - base, dur = e - s;
+        if (ts < 0 || dur < 0) {
+            PyErr_SetString(PyExc_ValueError, "encode_events: a span starts before the base or ends before it starts");
+            goto fail;
+        }
+        if ((i && buf_put(&b, ",", 1) < 0) || PUT_LIT(&b, "{\"ph\":\"X\",\"cat\":") < 0 || buf_bytes(&b, cat) < 0 ||
+            PUT_LIT(&b, ",\"name\":") < 0 || buf_bytes(&b, nm) < 0)
+            goto fail;
+        int k = snprintf(num, sizeof num, ",\"pid\":%lld,\"tid\":%lld,\"ts\":%lld.%03lld,\"dur\":%lld.%03lld", pid,
+                         tid, ts / 1000, ts % 1000, dur / 1000, dur % 1000);
+        if (buf_put(&b, num, (size_t)k) < 0) goto fail;
+        if (a != Py_None && (PUT_LIT(&b, ",\"args\":") < 0 || buf_bytes(&b, a) < 0)) goto fail;
+        if (buf_put(&b, "}", 1) < 0) goto fail;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
+    PyMem_Free(b.p);
+    return out;
+fail:
+    PyMem_Free(b.p);
+    return NULL;
+}
+
+/* ---- lanes: overflow tracks for spans that cannot nest ----------------------------------- */
+
+typedef struct {
+    long long start, end;
+    Py_ssize_t idx;
+} Item;
+
+static int item_cmp(const void *a, const void *b) {
+    const Item *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->end != y->end) return x->end > y->end ? -1 : 1; /* longest first, as Perfetto sorts */
+    return x->idx < y->idx ? -1 : (x->idx > y->idx);
+}
+
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} Stack;
+
+/* layout(track_idx, starts, ends, ntracks) -> (lane per span, lanes used per track) */
+static PyObject *hot_layout(PyObject *self, PyObject *args) {
+    PyObject *track_idx, *starts, *ends;
+    Py_ssize_t ntracks;
+    if (!PyArg_ParseTuple(args, "O!O!O!n", &PyList_Type, &track_idx, &PyList_Type, &starts, &PyList_Type, &ends,
+                          &ntracks))
+        return NULL;
+    Py_ssize_t n = PyList_Size(starts);
+    if (PyList_Size(ends) != n || PyList_Size(track_idx) != n || ntracks < 0) {
+        PyErr_SetString(PyExc_ValueError, "layout: columns of different lengths");
+        return NULL;
+    }
+    Py_ssize_t *count = PyMem_Calloc((size_t)ntracks + 1, sizeof(Py_ssize_t));
+    Item *items = PyMem_Malloc(sizeof(Item) * (size_t)(n ? n : 1));
+    long long *tr = PyMem_Malloc(sizeof(long long) * (size_t)(n ? n : 1));
+    Py_ssize_t *lane = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *used = PyMem_Calloc((size_t)ntracks + 1, sizeof(Py_ssize_t));
+    Stack *stacks = NULL;
+    Py_ssize_t nstacks = 0;
+    PyObject *result = NULL;
+    if (!count || !items || !tr || !lane || !used) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item_ll(track_idx, i, &tr[i]) < 0) goto done;
+        if (tr[i] < 0 || tr[i] >= ntracks) { PyErr_SetString(PyExc_ValueError, "layout: bad track index"); goto done; }
+        count[tr[i] + 1]++;
+    }
+    for (Py_ssize_t t = 0; t < ntracks; t++) count[t + 1] += count[t]; /* count[t]: first slot of track t */
+    {
+        Py_ssize_t *fill = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ntracks + 1));
+        if (!fill) { PyErr_NoMemory(); goto done; }
+        memcpy(fill, count, sizeof(Py_ssize_t) * (size_t)(ntracks + 1));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Item *it = &items[fill[tr[i]]++];
+            if (item_ll(starts, i, &it->start) < 0 || item_ll(ends, i, &it->end) < 0) { PyMem_Free(fill); goto done; }
+            it->idx = i;
+        }
+        PyMem_Free(fill);
+    }
+    for (Py_ssize_t t = 0; t < ntracks; t++) {
+        Py_ssize_t lo = count[t], hi = count[t + 1];
+        if (hi == lo) continue;
+        qsort(items + lo, (size_t)(hi - lo), sizeof(Item), item_cmp);
+        for (Py_ssize_t k = 0; k < nstacks; k++) stacks[k].n = 0;
+        Py_ssize_t nl = 0;
+        for (Py_ssize_t j = lo; j < hi; j++) {
+            Item *it = &items[j];
+            Py_ssize_t k;
+            for (k = 0; k < nl; k++) {
+                Stack *st = &stacks[k];
+                while (st->n && st->v[st->n - 1] <= it->start) st->n--;
+                if (!st->n || st->v[st->n - 1] >= it->end) break;
+            }
+            if (k == nl) {
+                if (nl == nstacks) {
+                    Stack *ns = PyMem_Realloc(stacks, sizeof(Stack) * (size_t)(nstacks + 1));
+                    if (!ns) { PyErr_NoMemory(); goto done; }
+                    stacks = ns;
+                    stacks[nstacks].v = NULL;
+                    stacks[nstacks].n = stacks[nstacks].cap = 0;
+                    nstacks++;
+                }
+                stacks[nl].n = 0;
+                nl++;
+            }
+            Stack *st = &stacks[k];
+            if (st->n == st->cap) {
+                Py_ssize_t cap = st->cap ? st->cap * 2 : 64;
+                long long *v = PyMem_Realloc(st->v, sizeof(long long) * (size_t)cap);
+                if (!v) { PyErr_NoMemory(); goto done; }
+                st->v = v;
+                st->cap = cap;
+            }
+            st->v[st->n++] = it->end;
+            lane[it->idx] = k;
+        }
+        used[t] = nl;
+    }
+    {
+        PyObject *lanes = PyList_New(n), *usedl = PyList_New(ntracks);
+        if (!lanes || !usedl) { Py_XDECREF(lanes); Py_XDECREF(usedl); goto done; }
+        for (Py_ssize_t i = 0; i < n; i++) PyList_SetItem(lanes, i, PyLong_FromSsize_t(lane[i]));
+        for (Py_ssize_t t = 0; t < ntracks; t++) PyList_SetItem(usedl, t, PyLong_FromSsize_t(used[t] ? used[t] : 1));
+        result = PyTuple_Pack(2, lanes, usedl);
+        Py_DECREF(lanes);
+        Py_DECREF(usedl);
+    }
+done:
+    for (Py_ssize_t k = 0; k < nstacks; k++) PyMem_Free(stacks[k].v);
+    PyMem_Free(stacks);
+    PyMem_Free(count);
+    PyMem_Free(items);
+    PyMem_Free(tr);
+    PyMem_Free(lane);
+    PyMem_Free(used);
+    return result;
+}
+
 static PyMethodDef hot_methods[] = {
+    {"layout", hot_layout, METH_VARARGS, NULL},
+    {"encode_events", hot_encode_events, METH_VARARGS, NULL},
     {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"install", hot_install, METH_VARARGS, NULL},
     {"set_check_at", hot_set_check_at, METH_O, NULL},
+    {"set_capture", hot_set_capture, METH_O, NULL},
     {"open", hot_open, METH_O, NULL},
     {"close", hot_close, METH_O, NULL},
     {NULL},

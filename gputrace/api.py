@@ -15,13 +15,15 @@ import threading
 import warnings
 from typing import Any
 
+import orjson
+
 from gputrace import record
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.dist import ClockSync, rank_info
 from gputrace.dist import sync_clocks as _sync_clocks
 from gputrace.errors import GputraceError, GputraceWarning
-from gputrace.export import ProcessInfo, TrackInfo, build_trace, write
+from gputrace.export import ProcessInfo, TrackInfo, encode_trace, write
 from gputrace.record import Recorder, Span
 from gputrace.resolve import SpanStore, nest_rounding, resolve
 from gputrace.version import __version__
@@ -138,6 +140,11 @@ def flush() -> int:
 def trace_dict() -> dict[str, Any]:
     """Everything recorded so far as a Chrome trace dict (waits for the GPU). Spans still open
     are included up to now, marked `unfinished`."""
+    return orjson.loads(trace_bytes())
+
+
+def trace_bytes() -> bytes:
+    """Everything recorded so far as Chrome trace JSON (waits for the GPU)."""
     rec = record.ACTIVE
     if rec is None:
         raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
@@ -169,7 +176,7 @@ def trace_dict() -> dict[str, Any]:
             "options": {k: v for k, v in vars(rec.config).items()},
         }
         process = ProcessInfo(info.rank, info.world_size, f"rank {info.rank} ({host}, {label_dev})", meta)
-        return build_trace(
+        return encode_trace(
             store.names + snapshot.names,
             list(store.name) + [i + len(store.names) for i in snapshot.name],
             list(store.track) + list(snapshot.track),
@@ -229,11 +236,13 @@ def _clock_meta(rec: Recorder) -> dict[str, Any]:
 def save(path: str | os.PathLike[str] | None = None) -> str:
     """Write the trace. A directory (or a path without `.json`) gets `trace_rank{R}.json`.
     Without a path, the configured `out_dir`. Returns the file written."""
-    trace = trace_dict()
     target = os.fspath(path) if path is not None else _config.out_dir
     if not target:
         raise GputraceError("save() needs a path, or the out_dir option (GPUTRACE_OUT_DIR)")
+    data = trace_bytes()
     if os.path.isdir(target) or not target.endswith(".json"):
-        target = os.path.join(target, f"trace_rank{trace['distributedInfo']['rank']}.json")
-    write(target, trace)
+        rec = record.ACTIVE
+        rank = rank_info(rec.config.rank if rec is not None else None).rank
+        target = os.path.join(target, f"trace_rank{rank}.json")
+    write(target, data)
     return target

@@ -23,6 +23,7 @@ class CudaDevice:
         self.is_capturing = c._cuda_isCurrentStreamCapturing
         self._event = torch.cuda.Event
         self._side: dict[int, Any] = {}
+        watch_graph_capture(torch)
 
     def count(self) -> int:
         return int(self._torch.cuda.device_count())
@@ -53,3 +54,31 @@ class CudaDevice:
 
     def name(self, dev: int) -> str:
         return str(self._torch.cuda.get_device_name(dev))
+
+
+def watch_graph_capture(torch: Any) -> None:
+    """Tell the recorder when torch.cuda.CUDAGraph captures begin and end (torch.cuda.graph and
+    make_graphed_callables go through it), so the hot path need not ask CUDA on every span."""
+    from gputrace import record
+
+    graph = torch.cuda.graphs.CUDAGraph
+    if getattr(graph, "_gputrace_watched", False):
+        return
+    begin, end = graph.capture_begin, graph.capture_end
+
+    def capture_begin(self: Any, *a: Any, **k: Any) -> Any:
+        record.capture_changed(+1)
+        try:
+            return begin(self, *a, **k)
+        except BaseException:
+            record.capture_changed(-1)
+            raise
+
+    def capture_end(self: Any, *a: Any, **k: Any) -> Any:
+        try:
+            return end(self, *a, **k)
+        finally:
+            record.capture_changed(-1)
+
+    graph.capture_begin, graph.capture_end = capture_begin, capture_end
+    graph._gputrace_watched = True

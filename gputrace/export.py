@@ -14,6 +14,7 @@ inner one, two threads on one stream) goes to an overflow track beside it, never
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,11 +43,11 @@ class ProcessInfo:
 def lay_out(starts: Sequence[int], ends: Sequence[int], rows: list[int]) -> list[int]:
     """Lane of each row (0 = the track itself, n = its n-th overflow) such that on every lane
     spans nest, visited in Perfetto's import order."""
-    rows = sorted(rows, key=lambda i: (starts[i], starts[i] - ends[i]))
+    order = sorted((starts[i], starts[i] - ends[i], j) for j, i in enumerate(rows))
     lanes: list[list[int]] = []  # per lane: ends of the open spans, innermost last
-    lane_of: dict[int, int] = {}
-    for i in rows:
-        s, e = starts[i], ends[i]
+    lane_of = [0] * len(rows)  # aligned with `rows`
+    for s, neg_dur, i in order:
+        e = s - neg_dur
         for n, open_ends in enumerate(lanes):
             while open_ends and open_ends[-1] <= s:  # ended: [start, end) slices
                 open_ends.pop()
@@ -57,10 +58,10 @@ def lay_out(starts: Sequence[int], ends: Sequence[int], rows: list[int]) -> list
         else:
             lanes.append([e])
             lane_of[i] = len(lanes) - 1
-    return [lane_of[i] for i in range(len(starts))]
+    return lane_of
 
 
-def build_trace(
+def encode_trace(
     names: Sequence[str],
     name_idx: Sequence[int],
     track_idx: Sequence[int],
@@ -70,77 +71,129 @@ def build_trace(
     tracks: Sequence[TrackInfo],
     process: ProcessInfo,
     base_ns: int | None = None,
-) -> dict[str, Any]:
-    """The trace as a dict in Chrome JSON object form."""
+) -> bytes:
+    """The trace as Chrome JSON (object form) bytes. Spans are encoded straight from the columns
+    (no dict per event): ts and dur are written as exact decimals of integer nanoseconds."""
     n = len(starts)
     if base_ns is None:
         base_ns = min(starts) if n else 0
     pid = process.rank + 1
-    by_track: dict[int, list[int]] = {}
-    for i in range(n):
-        by_track.setdefault(track_idx[i], []).append(i)
-    lane = [0] * n
-    lanes_used: dict[int, int] = {}
-    for t, rows in by_track.items():
-        sub = lay_out([starts[i] for i in rows], [ends[i] for i in rows], list(range(len(rows))))
-        for j, i in enumerate(rows):
-            lane[i] = sub[j]
-        lanes_used[t] = max(sub) + 1
-
-    events: list[dict[str, Any]] = [
+    starts, ends, track_idx = list(starts), list(ends), list(track_idx)
+    lane, lanes_used = layout(track_idx, starts, ends, len(tracks))
+    meta_events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process.label}},
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": process.rank}},
     ]
     # CUDA streams first, by device and stream; then host threads. Overflow lanes sit beside
     # their track.
     order = sorted(range(len(tracks)), key=lambda t: (not tracks[t].cuda, tracks[t].device or 0, tracks[t].ordinal))
-    tid_of: dict[tuple[int, int], int] = {}
+    tid_base = [0] * len(tracks)
+    tid = 0
     for t in order:
-        for k in range(lanes_used.get(t, 1)):
-            tid = len(tid_of) + 1
-            tid_of[(t, k)] = tid
+        tid_base[t] = tid + 1
+        for k in range(lanes_used[t]):
+            tid += 1
             label = tracks[t].name if k == 0 else f"{tracks[t].name} (overflow {k})"
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-    cats = ["cuda" if t.cuda else "cpu" for t in tracks]
-    for i in range(n):
-        s = starts[i]
-        ev: dict[str, Any] = {
-            "ph": "X",
-            "cat": cats[track_idx[i]],
-            "name": names[name_idx[i]],
-            "pid": pid,
-            "tid": tid_of[(track_idx[i], lane[i])],
-            "ts": (s - base_ns) / 1000,
-            "dur": (ends[i] - s) / 1000,
-        }
-        a = args[i]
-        if a:
-            ev["args"] = a
-        events.append(ev)
+            meta_events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+            meta_events.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+            )
+    cats = [b'"cuda"' if t.cuda else b'"cpu"' for t in tracks]
+    name_json = [dumps(nm) for nm in names]
+    args_json = [dumps(a) if a else None for a in args]
+    body = encode_events(
+        name_json, list(name_idx), cats, track_idx, lane, tid_base, pid, starts, ends, base_ns, args_json
+    )
     meta = dict(process.metadata)
-    meta["overflow_tracks"] = sum(v - 1 for v in lanes_used.values())
+    meta["overflow_tracks"] = sum(v - 1 for v in lanes_used)
     # The header first: `gputrace merge` reads it without parsing the events.
-    return {
+    header = {
         "baseTimeNanoseconds": base_ns,
         "distributedInfo": {"rank": process.rank, "world_size": process.world_size},
         "metadata": meta,
         "displayTimeUnit": "ns",
-        "traceEvents": events,
     }
+    out = dumps(header)[:-1] + b',"traceEvents":[' + dumps(meta_events)[1:-1]
+    return out + (b"," + body if body else b"") + b"]}"
 
 
-def dumps(trace: dict[str, Any]) -> bytes:
+def build_trace(*columns: Any, **kw: Any) -> dict[str, Any]:
+    """The trace as a dict (what `encode_trace` writes, read back)."""
+    return orjson.loads(encode_trace(*columns, **kw))
+
+
+def _layout_py(track_idx: list[int], starts: list[int], ends: list[int], ntracks: int) -> tuple[list[int], list[int]]:
+    """The pure-Python twin of the C layout: each span's lane, and lanes used per track."""
+    by_track: dict[int, list[int]] = {}
+    for i, t in enumerate(track_idx):
+        by_track.setdefault(t, []).append(i)
+    lane = [0] * len(starts)
+    used = [1] * ntracks
+    for t, rows in by_track.items():
+        sub = lay_out(starts, ends, rows)
+        for i, k in zip(rows, sub):
+            lane[i] = k
+        used[t] = max(sub) + 1
+    return lane, used
+
+
+def _encode_events_py(
+    name_json: list[bytes],
+    name_idx: list[int],
+    cats: list[bytes],
+    track_idx: list[int],
+    lanes: list[int],
+    tid_base: list[int],
+    pid: int,
+    starts: list[int],
+    ends: list[int],
+    base: int,
+    args_json: list[bytes | None],
+) -> bytes:
+    """The pure-Python twin of the C encoder: X events separated by commas."""
+    pid_b = str(pid).encode()
+    parts = []
+    for i, s in enumerate(starts):
+        ts, dur = s - base, ends[i] - s
+        if ts < 0 or dur < 0:
+            raise ValueError("encode_events: a span starts before the base or ends before it starts")
+        a = args_json[i]
+        parts.append(
+            b'{"ph":"X","cat":%s,"name":%s,"pid":%s,"tid":%d,"ts":%d.%03d,"dur":%d.%03d%s}'
+            % (
+                cats[track_idx[i]],
+                name_json[name_idx[i]],
+                pid_b,
+                tid_base[track_idx[i]] + lanes[i],
+                ts // 1000,
+                ts % 1000,
+                dur // 1000,
+                dur % 1000,
+                b',"args":' + a if a else b"",
+            )
+        )
+    return b",".join(parts)
+
+
+try:
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GPUTRACE_PURE_PYTHON is set")
+    from gputrace._hot import encode_events, layout
+except ImportError:
+    encode_events, layout = _encode_events_py, _layout_py
+
+
+def dumps(value: Any) -> bytes:
     """JSON bytes. Values JSON cannot hold (NaN, infinities, arbitrary objects, lone
     surrogates) are written as their string form rather than failing the save."""
     try:
-        return orjson.dumps(trace, default=_fallback)
+        return orjson.dumps(value, default=_fallback)
     except (TypeError, orjson.JSONEncodeError):
-        return orjson.dumps(_clean(trace), default=_fallback)
+        return orjson.dumps(_clean(value), default=_fallback)
 
 
-def write(path: str, trace: dict[str, Any]) -> None:
-    write_atomic(path, dumps(trace))
+def write(path: str, data: bytes | dict[str, Any]) -> None:
+    write_atomic(path, data if isinstance(data, bytes) else dumps(data))
 
 
 def _fallback(value: Any) -> Any:

@@ -114,6 +114,8 @@ def nest_rounding(store: SpanStore, device_tracks: set[int], tolerance_ns: int =
     than rounding (float32 steps, anchor segments meeting; CUDA events resolve ~0.5 us anyway).
     Host spans are exact, and a real misnest is left for the exporter's overflow tracks.
     Returns how many ends moved."""
+    if not device_tracks:
+        return 0
     where = {id_: i for i, id_ in enumerate(store.id)}
     children: dict[int, list[int]] = {}
     for i in range(len(store)):

@@ -68,6 +68,8 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _reset() -> None:
     record.LAZY = None
+    record.CAPTURES[0] = 0
+    record.capture_changed(0)
     record.set_recorder(None, None)
     record._warned.clear()
     record._disabled.clear()

@@ -75,7 +75,20 @@ class FakeDevice:
         self.current = list(self.default)
         self.streams: list[FakeStream] = list(self.default)
         self._side: dict[int, FakeStream] = {}
-        self.capturing = False
+        self._capturing = False
+
+    @property
+    def capturing(self) -> bool:
+        return self._capturing
+
+    @capturing.setter
+    def capturing(self, value: bool) -> None:
+        # As the watched torch.cuda.CUDAGraph does: tell the recorder a capture began or ended.
+        from gputrace import record
+
+        if value != self._capturing:
+            record.capture_changed(+1 if value else -1)
+        self._capturing = value
 
     # host clock
     def monotonic_ns(self) -> int:
@@ -137,7 +150,7 @@ class FakeDevice:
         ev.records += 1
 
     def is_capturing(self) -> bool:
-        return self.capturing
+        return self._capturing
 
     def stream_for(self, dev: int) -> FakeStream:
         return self.current[dev]

@@ -100,7 +100,9 @@ def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -
     aligned, raw = tmp_path / "aligned.json", tmp_path / "raw.json"
     r = CliRunner().invoke(main, ["merge", str(out), "-o", str(aligned), "-q"])
     assert r.exit_code == 0, r.output
-    assert "rank 1: offset -50" in r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("rank 1: offset "))
+    shown_us, shown_err_us = float(line.split()[3]), float(line.split()[6])
+    assert abs(shown_us * 1000 + SHIFT) <= shown_err_us * 1000 + 100, line
     assert CliRunner().invoke(main, ["merge", str(out), "-o", str(raw), "--align", "none", "-q"]).exit_code == 0
     merged = read_trace(str(aligned))
     err = results[1]["first"]["error_ns"]
@@ -109,8 +111,9 @@ def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -
     raw_gaps = [abs(a - b) for a, b in zip(*all_reduce_ends(read_trace(str(raw))).values())]
     # A gloo all_reduce returns on each rank within about a millisecond of the others (more when
     # two processes share two busy cores); without alignment they are the shift apart.
-    assert statistics.median(gaps) < err + 2_000_000, gaps
+    assert statistics.median(gaps) < err + 3_000_000, gaps
     assert statistics.median(raw_gaps) > SHIFT - 5_000_000, raw_gaps
+    assert statistics.median(gaps) < statistics.median(raw_gaps) / 10
     meta = merged["metadata"]["alignment"]["per_rank"]["1"]
     assert abs(meta["offset_ns"] + SHIFT) <= meta["error_ns"] + 1
     names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}

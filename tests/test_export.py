@@ -107,3 +107,25 @@ def test_values_json_cannot_hold_are_written_not_fatal() -> None:
     args = next(e for e in back["traceEvents"] if e["ph"] == "X")["args"]
     assert args["html"] == "</script>" and args["obj"].startswith("<object")
     assert next(e for e in back["traceEvents"] if e["ph"] == "X")["name"] == 'na\u00efve "quoted"\n'
+
+
+def test_c_encoder_and_layout_match_their_python_twins() -> None:
+    from gputrace import export
+
+    if export.encode_events is export._encode_events_py:
+        return  # the C hot path is not built here (or GPUTRACE_PURE_PYTHON is set)
+    rng = random.Random(11)
+    n, ntracks = 3000, 4
+    starts = [rng.randrange(0, 10**9) for _ in range(n)]
+    ends = [s + rng.randrange(0, 10**7) for s in starts]
+    track = [rng.randrange(ntracks) for _ in range(n)]
+    assert export.layout(track, starts, ends, ntracks) == export._layout_py(track, starts, ends, ntracks)
+    lanes, used = export.layout(track, starts, ends, ntracks)
+    base = [1 + 10 * t for t in range(ntracks)]
+    names = [export.dumps(x) for x in ["a", "b\u00e9", 'c"q']]
+    idx = [rng.randrange(3) for _ in range(n)]
+    cats = [b'"cuda"', b'"cpu"', b'"cuda"', b'"cpu"']
+    args = [export.dumps({"i": i}) if i % 3 else None for i in range(n)]
+    a = export.encode_events(names, idx, cats, track, lanes, base, 3, starts, ends, 0, args)
+    b = export._encode_events_py(names, idx, cats, track, lanes, base, 3, starts, ends, 0, args)
+    assert a == b
