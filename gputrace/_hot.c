@@ -366,11 +366,11 @@ static PyMemberDef Span_members[] = {
     {"args", T_OBJECT, offsetof(Span, args), 0, NULL},
     {"stack", T_OBJECT_EX, offsetof(Span, stack), 0, NULL},
     {"parent", T_OBJECT_EX, offsetof(Span, parent), 0, NULL},
-    {"id", T_OBJECT_EX, offsetof(Span, id), 0, NULL},
+    {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
     {"t0", T_OBJECT_EX, offsetof(Span, t0), 0, NULL},
     {"t1", T_OBJECT_EX, offsetof(Span, t1), 0, NULL},
-    {"error", T_OBJECT_EX, offsetof(Span, error), 0, NULL},
+    {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
     {"cuda", T_BOOL, offsetof(Span, cuda), 0, NULL},
     {"sync", T_BOOL, offsetof(Span, sync), 0, NULL},

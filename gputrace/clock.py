@@ -108,13 +108,15 @@ class DeviceTimeline:
     there to the first anchor at or after the event. Events after the newest anchor wait for
     the next one, so every mapped event is interpolated, never extrapolated."""
 
-    def __init__(self) -> None:
+    def __init__(self, elapsed: Callable[[Any, Any], float] | None = None) -> None:
+        # elapsed(a, b): ms from event a to event b (the device's raw call where it has one).
+        self._elapsed = elapsed or _elapsed_method
         self.anchors: list[Anchor] = []
         self.segment_ms: list[float] = []  # segment_ms[k] = elapsed(anchor k-1, anchor k); [0] unused
 
     def add(self, anchor: Anchor) -> int:
         if self.anchors:
-            self.segment_ms.append(self.anchors[-1].event.elapsed_time(anchor.event))
+            self.segment_ms.append(self._elapsed(self.anchors[-1].event, anchor.event))
         else:
             self.segment_ms.append(0.0)
         self.anchors.append(anchor)
@@ -125,8 +127,9 @@ class DeviceTimeline:
         offset from it in float32 ms (d <= 0). None while the event is after the newest anchor."""
         k = max(first, 0)
         anchors = self.anchors
+        elapsed = self._elapsed
         while k < len(anchors):
-            d = anchors[k].event.elapsed_time(event)
+            d = elapsed(anchors[k].event, event)
             if d <= 0.0:
                 return k, d
             k += 1
@@ -134,6 +137,10 @@ class DeviceTimeline:
 
     def to_host_ns(self, k: int, d_ms: float) -> int:
         return interpolate(self.anchors, self.segment_ms, k, d_ms)
+
+
+def _elapsed_method(a: Any, b: Any) -> float:
+    return float(a.elapsed_time(b))
 
 
 def interpolate(anchors: list[Anchor], segment_ms: list[float], k: int, d_ms: float) -> int:

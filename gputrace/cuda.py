@@ -20,6 +20,7 @@ class CudaDevice:
         self.current_device = c._cuda_getDevice
         self.raw_stream = c._cuda_getCurrentRawStream
         self.record = c._CudaEventBase.record
+        self.elapsed = c._CudaEventBase.elapsed_time
         self.is_capturing = c._cuda_isCurrentStreamCapturing
         self._event = torch.cuda.Event
         self._side: dict[int, Any] = {}

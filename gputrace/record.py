@@ -202,7 +202,7 @@ class Recorder:
             self._record = device.record
             self._capturing = device.is_capturing
             for _ in range(device.count()):
-                self.timelines.append(DeviceTimeline())
+                self.timelines.append(DeviceTimeline(getattr(device, "elapsed", None)))
                 self.gens.append(0)
                 self.pools.append([])
             for dev in range(device.count()):

@@ -36,12 +36,11 @@ class SpanStore:
 
     def id_of(self, s: Span) -> int:
         """A span's id, given on first need (the hot path never numbers spans)."""
-        try:
-            return s.id
-        except AttributeError:
+        i = getattr(s, "id", None)
+        if i is None:
             self._last_id += 1
-            s.id = self._last_id
-            return s.id
+            i = s.id = self._last_id
+        return i
 
     def __len__(self) -> int:
         return len(self.start)
@@ -53,19 +52,30 @@ class SpanStore:
             self.names.append(name)
         return i
 
-    def add(
-        self, name: str, track: int, start: int, end: int, id_: int, parent: int, args: dict[str, Any] | None
+    def extend(
+        self,
+        names: list[str],
+        tracks: list[int],
+        starts: list[int],
+        ends: list[int],
+        ids: list[int],
+        parents: list[int],
+        args: list[dict[str, Any] | None],
     ) -> None:
-        if len(self.start) >= self.capacity:
-            self.dropped += 1
-            return
-        self.name.append(self.intern(name))
-        self.track.append(track)
-        self.start.append(start)
-        self.end.append(end)
-        self.id.append(id_)
-        self.parent.append(parent)
-        self.args.append(args)
+        """Append rows column by column (one call per column, not per row)."""
+        room = max(self.capacity - len(self.start), 0)
+        if len(starts) > room:
+            self.dropped += len(starts) - room
+            names, tracks, starts, ends = names[:room], tracks[:room], starts[:room], ends[:room]
+            ids, parents, args = ids[:room], parents[:room], args[:room]
+        index = self._name_index
+        self.name.extend([index[n] if n in index else self.intern(n) for n in names])
+        self.track.extend(tracks)
+        self.start.extend(starts)
+        self.end.extend(ends)
+        self.id.extend(ids)
+        self.parent.extend(parents)
+        self.args.extend(args)
 
 
 def resolve(
@@ -78,13 +88,20 @@ def resolve(
     """Append every span of `done` to `store`; return those whose events lie after the newest
     anchor of their device (they resolve at a later flush)."""
     later: list[Span] = []
-    to_epoch = clock.to_epoch
+    offset = clock.epoch_offset_ns
+    names: list[str] = []
+    tracks: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    ids: list[int] = []
+    parents: list[int] = []
+    argss: list[dict[str, Any] | None] = []
+    id_of = store.id_of
     for s in done:
         track = s.track
-        assert track is not None
         dev = track.device
         if dev is None:
-            start, end = to_epoch(s.t0), to_epoch(s.t1)
+            start, end = s.t0 + offset, s.t1 + offset
         else:
             tl = timelines[dev]
             a = tl.locate(s.t0, s.gen)
@@ -93,19 +110,25 @@ def resolve(
                 later.append(s)
                 continue
             start, end = tl.to_host_ns(*a), tl.to_host_ns(*b)
-            pools[dev].append(s.t0)
-            pools[dev].append(s.t1)
+            pool = pools[dev]
+            pool.append(s.t0)
+            pool.append(s.t1)
             s.t0 = s.t1 = 0  # the events are the pool's again
         args = s.args
         error = getattr(s, "error", None)
         if error is not None:
             args = {**(args or {}), "error": error}
         parent = s.parent
-        store.add(
-            s.name, track.index, start, end, store.id_of(s), store.id_of(parent) if parent is not None else 0, args
-        )
+        names.append(s.name)
+        tracks.append(track.index)
+        starts.append(start)
+        ends.append(end)
+        ids.append(id_of(s))
+        parents.append(id_of(parent) if parent is not None else 0)
+        argss.append(args)
         if s.owner is not None:
             s.owner.add_ns(end - start)
+    store.extend(names, tracks, starts, ends, ids, parents, argss)
     return later
 
 
