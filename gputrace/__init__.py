@@ -6,47 +6,56 @@
         ...
     gputrace.save("traces/")    # traces/trace_rank{R}.json, open in ui.perfetto.dev
 
-Importing this package does not import torch.
+Importing this package does not import torch, and loads the recorder only when a name from it
+is first used, so that the command line starts fast.
 """
 
-from gputrace.api import disable, enable, flush, is_enabled, save, set_host_clock, sync_clocks, trace_dict
-from gputrace.clock import HostClock
-from gputrace.config import Config, enabled_from_env
-from gputrace.errors import ConfigError, GputraceError, GputraceWarning, MergeError, TraceFormatError
-from gputrace.record import Span, TimerType, span
-from gputrace.timer import TimerRecord, Timers, timer
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gputrace import _startup
 from gputrace.version import __version__
 
-__all__ = [
-    "Config",
-    "ConfigError",
-    "GputraceError",
-    "GputraceWarning",
-    "HostClock",
-    "MergeError",
-    "Span",
-    "TimerRecord",
-    "TimerType",
-    "Timers",
-    "TraceFormatError",
-    "__version__",
-    "disable",
-    "enable",
-    "flush",
-    "is_enabled",
-    "save",
-    "set_host_clock",
-    "span",
-    "sync_clocks",
-    "timer",
-    "trace_dict",
-]
+_EXPORTS = {
+    "disable": "gputrace.api",
+    "enable": "gputrace.api",
+    "flush": "gputrace.api",
+    "is_enabled": "gputrace.api",
+    "save": "gputrace.api",
+    "set_host_clock": "gputrace.api",
+    "sync_clocks": "gputrace.api",
+    "trace_dict": "gputrace.api",
+    "HostClock": "gputrace.clock",
+    "Config": "gputrace.config",
+    "enabled_from_env": "gputrace.config",
+    "ConfigError": "gputrace.errors",
+    "GputraceError": "gputrace.errors",
+    "GputraceWarning": "gputrace.errors",
+    "MergeError": "gputrace.errors",
+    "TraceFormatError": "gputrace.errors",
+    "Span": "gputrace.record",
+    "TimerType": "gputrace.record",
+    "span": "gputrace.record",
+    "TimerRecord": "gputrace.timer",
+    "Timers": "gputrace.timer",
+    "timer": "gputrace.timer",
+}
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
-from gputrace.record import watch_for_torch as _watch
 
-_watch()  # torch.compile support is set up now, or right after `import torch`
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gputrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
 
-if enabled_from_env():
-    from gputrace.api import enable_from_env
 
-    enable_from_env()
+def __dir__() -> list[str]:
+    return __all__
+
+
+_startup.start()

@@ -100,7 +100,10 @@ def encode_trace(
             )
     cats = [b'"cuda"' if t.cuda else b'"cpu"' for t in tracks]
     name_json = [dumps(nm) for nm in names]
-    args_json = [dumps(a) if a else None for a in args]
+    try:  # one pass at C speed; item by item only when some value needs cleaning
+        args_json = [orjson.dumps(a, default=_fallback) if a else None for a in args]
+    except (TypeError, orjson.JSONEncodeError):
+        args_json = [dumps(a) if a else None for a in args]
     body = encode_events(
         name_json, list(name_idx), cats, track_idx, lane, tid_base, pid, starts, ends, base_ns, args_json
     )

@@ -520,41 +520,6 @@ def _span_in_graph(name: Any, /, **args: Any) -> Any:
     return NULLCTX
 
 
-class _AfterTorchImport:
-    """A meta-path finder that runs bind_compile_check() right after `import torch` and
-    `import torch._dynamo` finish: Dynamo must know about the C span() before it traces
-    anything, and nothing of gputrace's may run inside its trace to tell it later."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in ("torch", "torch._dynamo"):
-            return None
-        import importlib.machinery
-
-        if fullname == "torch._dynamo" or _hot is None:
-            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        real_exec = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            real_exec(module)
-            try:
-                bind_compile_check()
-            except Exception as e:  # noqa: BLE001 - never break `import torch`
-                warnings.warn(f"gputrace could not prepare torch.compile support: {e}", GputraceWarning, stacklevel=2)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def watch_for_torch() -> None:
-    bind_compile_check()
-    done = "torch" in sys.modules and (_polyfilled or _hot is None)
-    if not done and not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterTorchImport())
-
-
 _polyfilled = False
 
 
