@@ -367,6 +367,7 @@ class Recorder:
             self.clock,
             self.config.anchor_tries,
             pool.append,
+            getattr(self.device, "wait", None) or (lambda ev: ev.synchronize()),
         )
         self.gens[dev] = self.timelines[dev].add(anchor) + 1
 
