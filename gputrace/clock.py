@@ -83,8 +83,7 @@ def take_anchor(
 ) -> Anchor:
     """Record a reference event on an idle side stream and wait for it, `tries` times; keep the
     try with the least round trip. The event ran between the two host readings, so the midpoint
-    is off by at most half the round trip. (On CUDA `wait` polls the event: measured on an H200,
-    12 us a round trip against 28 us through cudaEventSynchronize, so a tighter anchor.)"""
+    is off by at most half the round trip."""
     best: tuple[int, int, Any] | None = None
     for _ in range(max(1, tries)):
         ev = new_event()

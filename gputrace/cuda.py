@@ -47,14 +47,6 @@ class CudaDevice:
             s = self._side[dev] = self._torch.cuda.Stream(device=dev)
         return s
 
-    @staticmethod
-    def wait(ev: Any) -> None:
-        """Wait for an event on an idle stream by polling it: a shorter round trip than
-        cudaEventSynchronize (see clock.take_anchor)."""
-        query = ev.query
-        while not query():
-            pass
-
     def synchronize(self) -> None:
         torch = self._torch
         for dev in range(torch.cuda.device_count()):
