@@ -16,15 +16,14 @@ import gc
 import glob
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from gputrace.errors import GputraceError, MergeError, TraceFormatError
-from gputrace.traceio import publish, read_trace
+from gputrace.errors import MergeError, TraceFormatError
+from gputrace.traceio import atomic_writer, read_trace
 from gputrace.version import __version__
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -225,39 +224,21 @@ def merge(
         "metadata": meta,
         "displayTimeUnit": "ns",
     }
-    directory = os.path.dirname(os.path.abspath(out))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".gputrace-merge-", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise GputraceError(f"cannot write {out}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(header)[:-1] + b',"traceEvents":[')
-            first = True
-            for i, rf in enumerate(files):
-                if progress:
-                    progress(f"rank {rf.rank}", i, len(files))
-                chunk = _rank_events(rf, base)
-                if chunk:
-                    if not first:
-                        f.write(b",")
-                    f.write(chunk)
-                    first = False
-                del chunk
-                _release_memory()
-            f.write(b"]}")
-            f.flush()
-            os.fsync(f.fileno())
-        publish(tmp, out)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise GputraceError(f"cannot write {out}: {e.strerror or e}") from None
-        raise
+    with atomic_writer(out) as f:
+        f.write(orjson.dumps(header)[:-1] + b',"traceEvents":[')
+        first = True
+        for i, rf in enumerate(files):
+            if progress:
+                progress(f"rank {rf.rank}", i, len(files))
+            chunk = _rank_events(rf, base)
+            if chunk:
+                if not first:
+                    f.write(b",")
+                f.write(chunk)
+                first = False
+            del chunk
+            _release_memory()
+        f.write(b"]}")
     if progress:
         progress("done", len(files), len(files))
     return meta

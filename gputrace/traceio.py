@@ -6,18 +6,22 @@ parsed traces (object form, array form, and an array form cut off by a crash).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 import orjson
 
 from gputrace.errors import GputraceError, TraceFormatError
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory and a rename, so
-    an existing file is never half-overwritten and a crash leaves no partial trace."""
+@contextlib.contextmanager
+def atomic_writer(path: str) -> Iterator[BinaryIO]:
+    """A file to write `path` through: a temporary file in the same directory, renamed over
+    `path` only when the block ends without an error. An existing file is never half-overwritten
+    and a crash leaves no partial trace."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -26,7 +30,7 @@ def write_atomic(path: str, data: bytes) -> None:
         raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         publish(tmp, path)
@@ -38,6 +42,11 @@ def write_atomic(path: str, data: bytes) -> None:
         if isinstance(e, OSError):
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def publish(tmp: str, path: str) -> None:

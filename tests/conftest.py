@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 @pytest.fixture(autouse=True)
 def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every trace a test writes (saved or merged) must pass `gputrace validate`."""
-    from gputrace import merge, traceio
+    from gputrace import traceio
     from gputrace.validate import format_report, validate_file
 
     real = traceio.publish
@@ -50,7 +50,6 @@ def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
             assert report.ok, format_report(report)
 
     monkeypatch.setattr(traceio, "publish", checked)
-    monkeypatch.setattr(merge, "publish", checked)
 
 
 @pytest.fixture(autouse=True)
