@@ -174,8 +174,8 @@ static PyObject *pooled_event(PyObject *dev) {
     return ev;
 }
 
-static int record_on(PyObject *ev, PyObject *track) {
-    PyObject *stream = PyObject_GetAttr(track, s_stream);
+static int record_on(PyObject *ev, PyObject *stack) {
+    PyObject *stream = PyObject_GetAttr(stack, s_stream);
     if (!stream) return -1;
     PyObject *r = PyObject_CallFunctionObjArgs(r_record, ev, stream, NULL);
     Py_DECREF(stream);
@@ -198,13 +198,11 @@ static PyObject *open_span(Span *s) {
             Py_DECREF(dev);
             return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
         }
-        PyObject *track = PyObject_GetAttr(stack, s_track);
-        PyObject *ev = track ? pooled_event(dev) : NULL;
-        if (!ev || record_on(ev, track) < 0) {
-            Py_XDECREF(ev); Py_XDECREF(track); Py_DECREF(stack); Py_DECREF(dev);
+        PyObject *ev = pooled_event(dev);
+        if (!ev || record_on(ev, stack) < 0) {
+            Py_XDECREF(ev); Py_DECREF(stack); Py_DECREF(dev);
             return NULL;
         }
-        Py_DECREF(track);
         SETREF(s->t0, ev);
         PyObject *gen = PyObject_GetItem(r_gens, dev);
         Py_DECREF(dev);
@@ -238,23 +236,20 @@ static PyObject *close_span(Span *s) {
         if (!record_end) Py_RETURN_NONE;
         stack = s->stack;
     }
-    PyObject *track = PyObject_GetAttr(stack, s_track);
-    if (!track) return NULL;
-    PyObject *dev = PyObject_GetAttr(track, s_device);
-    if (!dev) { Py_DECREF(track); return NULL; }
+    PyObject *dev = PyObject_GetAttr(stack, s_device);
+    if (!dev) return NULL;
     if (dev != Py_None) {
         PyObject *ev = pooled_event(dev);
-        if (!ev || record_on(ev, track) < 0) {
-            Py_XDECREF(ev); Py_DECREF(track); Py_DECREF(dev);
+        if (!ev || record_on(ev, stack) < 0) {
+            Py_XDECREF(ev); Py_DECREF(dev);
             return NULL;
         }
         SETREF(s->t1, ev);
     } else {
         PyObject *t = mono_now();
-        if (!t) { Py_DECREF(track); Py_DECREF(dev); return NULL; }
+        if (!t) { Py_DECREF(dev); return NULL; }
         SETREF(s->t1, t);
     }
-    Py_DECREF(track);
     Py_DECREF(dev);
     if (PyList_Append(r_pending, (PyObject *)s) < 0) return NULL;
     if (PyList_Size(r_pending) >= r_check_at) return PyObject_CallNoArgs(r_pending_full);

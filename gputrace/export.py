@@ -87,8 +87,11 @@ def encode_trace(
     # CUDA streams first, by device and stream; then host threads. Overflow lanes sit beside
     # their track.
     order = sorted(range(len(tracks)), key=lambda t: (not tracks[t].cuda, tracks[t].device or 0, tracks[t].ordinal))
+    # Perfetto takes the thread whose tid equals the pid for the "main thread" and draws it
+    # first, whatever its sort index: the tids are numbered past the pid when they would meet it.
+    n_tids = sum(lanes_used[t] for t in order)
+    tid = pid if pid <= n_tids else 0
     tid_base = [0] * len(tracks)
-    tid = 0
     for t in order:
         tid_base[t] = tid + 1
         for k in range(lanes_used[t]):

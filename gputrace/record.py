@@ -49,9 +49,10 @@ class Track:
 
 
 class _Stack(list):  # type: ignore[type-arg]
-    """Open spans of one (thread, device, stream), innermost last."""
+    """Open spans of one (thread, device, stream), innermost last. `device` and `stream` repeat
+    the track's, one attribute read away for the hot path."""
 
-    __slots__ = ("track",)
+    __slots__ = ("track", "device", "stream")
 
 
 class PySpan:
@@ -290,7 +291,7 @@ class Recorder:
                     label = "default stream" if raw == 0 else f"stream {n}"
                     track = self._add_track(key, dev, self.device.stream_for(dev), n, f"cuda:{dev} {label}")
             stack = _Stack()
-            stack.track = track
+            stack.track, stack.device, stack.stream = track, track.device, track.stream
             if stacks is None:
                 self._local.host = stack
             else:

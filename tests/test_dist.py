@@ -121,6 +121,15 @@ def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -
     assert sorted({e["pid"] for e in merged["traceEvents"]}) == [1, 2]
 
 
+def test_merge_shows_progress_on_stderr_unless_quiet(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out, _ = shifted
+    r = CliRunner().invoke(main, ["merge", str(out), "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 0 and "2/2 done" in r.stderr and "[" in r.stderr
+    assert "2/2" not in r.stdout
+    r = CliRunner().invoke(main, ["merge", str(out), "-o", str(tmp_path / "q.json"), "--quiet"])
+    assert r.exit_code == 0 and r.stderr == ""
+
+
 def test_align_on_a_collective_makes_its_ends_equal(shifted, tmp_path) -> None:  # type: ignore[no-untyped-def]
     out, _ = shifted
     dest = tmp_path / "on.json"

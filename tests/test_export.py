@@ -57,14 +57,17 @@ def test_shape_perfetto_expects() -> None:
     meta = {(e["name"], e["tid"]): e["args"] for e in t["traceEvents"] if e["ph"] == "M"}
     assert meta[("process_name", 0)] == {"name": "rank 2 (node7, NVIDIA H200)"}
     assert meta[("process_sort_index", 0)] == {"sort_index": 2}
-    # Streams first, then their overflow lane, then host threads.
-    order = [meta[("thread_name", tid)]["name"] for tid in range(1, 5)]
+    # Streams first, then their overflow lane, then host threads; no tid equals the pid (Perfetto
+    # would draw that thread first as the process's main thread).
+    tids = sorted(tid for (name, tid) in meta if name == "thread_name")
+    order = [meta[("thread_name", tid)]["name"] for tid in tids]
     assert order == [
         "cuda:0 default stream",
         "cuda:0 default stream (overflow 1)",
         "cuda:0 stream 1",
         "thread MainThread (host)",
     ]
+    assert 3 not in tids and [meta[("thread_sort_index", tid)]["sort_index"] for tid in tids] == tids
     assert all(e["pid"] == 3 for e in t["traceEvents"])
 
 
