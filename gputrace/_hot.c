@@ -27,7 +27,7 @@ static PyObject *g_slow;       /* record._span_slow(name, kwargs) */
 static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
 
 /* fields of g_rec, cached at install time */
-static PyObject *r_local, *r_cur_dev, *r_raw_stream, *r_capturing, *r_pools, *r_new_event, *r_record,
+static PyObject *r_local, *r_cur_dev, *r_raw_stream, *r_pools, *r_new_event, *r_record,
     *r_gens, *r_mono, *r_pending, *r_open_slow, *r_close_slow, *r_pending_full, *r_close_by_name, *r_close_py;
 static int r_has_device, r_native_mono;
 static int g_capture; /* CUDA graph captures under way (torch.cuda.CUDAGraph, watched from Python) */
@@ -52,7 +52,7 @@ typedef struct {
 
 #define CLEAR_STATE()                                                                             \
     do {                                                                                          \
-        Py_CLEAR(r_local); Py_CLEAR(r_cur_dev); Py_CLEAR(r_raw_stream); Py_CLEAR(r_capturing);    \
+        Py_CLEAR(r_local); Py_CLEAR(r_cur_dev); Py_CLEAR(r_raw_stream);                           \
         Py_CLEAR(r_pools); Py_CLEAR(r_new_event); Py_CLEAR(r_record); Py_CLEAR(r_gens);           \
         Py_CLEAR(r_mono); Py_CLEAR(r_pending); Py_CLEAR(r_open_slow); Py_CLEAR(r_close_slow);     \
         Py_CLEAR(r_pending_full); Py_CLEAR(r_close_by_name); Py_CLEAR(r_close_py);                                     \

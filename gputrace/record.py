@@ -9,6 +9,10 @@ Hot-path rules, each measured (see benchmarks/): a span records handles, not res
 come from a pool; the stream is looked up by its raw handle through a cache, never through
 `torch.cuda.current_stream()`; no strings, dicts, logging or synchronisation. Everything else
 (new tracks, misuse, anchoring, resolving) lives in slow paths the hot path reaches rarely.
+
+The hot path exists twice: `_hot.c` (used when built) and this module's `PySpan`, `_py_span`,
+`Recorder._open_py` / `_close_py` (the reference, and the fallback). Both call the same slow
+paths here, and the test suite runs against both.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import itertools
 import os
 import sys
 import threading
@@ -127,7 +130,7 @@ _new = object.__new__
 
 
 class _NoopSpan:
-    """What `span()` returns while recording is off: one shared object that does nothing."""
+    """A span that does nothing: what recording-off handles are made of."""
 
     __slots__ = ()
 
@@ -144,7 +147,6 @@ class _NoopSpan:
         return None
 
 
-NOOP = _NoopSpan()
 # RECORDER is None while recording is off; ACTIVE keeps the last recorder, so spans opened
 # before disable() still close and saving still works.
 RECORDER: Recorder | None = None
@@ -187,7 +189,6 @@ class Recorder:
         self._stacks: list[_Stack] = []  # every stack of every thread, for save-time and misuse
         self._local = threading.local()
         self._lock = threading.RLock()
-        self._ids = itertools.count(1).__next__
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
         self._check = config.max_pending
