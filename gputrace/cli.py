@@ -65,6 +65,10 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
     from gputrace import demo as demo_mod
     from gputrace import merge as merge_mod
 
+    try:  # before minutes of training, not after
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise GputraceError(f"cannot write to {out_dir}: {e.strerror or e}") from None
     if ranks == 1:
         paths = [demo_mod.train(out_dir, steps)]
         shown = paths[0]

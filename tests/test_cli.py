@@ -83,3 +83,10 @@ def test_demo_as_a_real_subprocess(tmp_path) -> None:  # type: ignore[no-untyped
 def test_help_is_fast_and_lists_commands() -> None:
     r = subprocess.run([sys.executable, "-m", "gputrace", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "demo" in r.stdout and "summary" in r.stdout
+
+
+def test_demo_refuses_an_unwritable_output_before_training(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = CliRunner().invoke(main, ["demo", "--out", str(blocker / "sub"), "--steps", "1"])
+    assert r.exit_code == 2 and "cannot write" in r.output and r.output.count("\n") == 1
