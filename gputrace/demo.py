@@ -94,14 +94,21 @@ def _all_reduce_grads(torch: Any, model: Any, comm: Any) -> None:
 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    if comm is not None:
+    nbytes = flat.numel() * flat.element_size()
+    if comm is not None and dist.get_backend() == "nccl":
         # The collective runs on its own stream, as DDP's does.
         comm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(comm), gputrace.span("all_reduce", bytes=flat.numel() * flat.element_size()):
+        with torch.cuda.stream(comm), gputrace.span("all_reduce", bytes=nbytes):
             dist.all_reduce(flat)
         torch.cuda.current_stream().wait_stream(comm)
+    elif flat.is_cuda:
+        # More ranks than GPUs: gloo, through host memory.
+        with gputrace.span("all_reduce", bytes=nbytes):
+            host = flat.cpu()
+            dist.all_reduce(host)
+            flat.copy_(host)
     else:
-        with gputrace.span("all_reduce", bytes=flat.numel() * flat.element_size()):
+        with gputrace.span("all_reduce", bytes=nbytes):
             dist.all_reduce(flat)
     flat /= dist.get_world_size()
     offset = 0
