@@ -90,9 +90,11 @@ def _build() -> Recorder:
         if rec is None:
             device = None
             if _config.cuda:
-                import torch
-
-                if torch.cuda.is_available():
+                try:
+                    import torch
+                except ImportError:  # looking at traces on a laptop: host spans only
+                    torch = None
+                if torch is not None and torch.cuda.is_available():
                     from gputrace.cuda import CudaDevice
 
                     device = CudaDevice()
