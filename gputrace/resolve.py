@@ -110,6 +110,8 @@ def resolve(
                 later.append(s)
                 continue
             start, end = tl.to_host_ns(*a), tl.to_host_ns(*b)
+            if end < start:  # back-to-back events either side of an anchor: a rounding nanosecond
+                end = start
             pool = pools[dev]
             pool.append(s.t0)
             pool.append(s.t1)
