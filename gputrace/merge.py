@@ -271,9 +271,15 @@ def _rank_events(rf: RankFile, base: int) -> bytes:
         ts = e.get("ts")
         if ts is not None and e.get("ph") != "M":
             ns = round(float(ts) * 1000)
-            moved = ns + shift
             if drift:
-                moved += round(drift * (ns - drift_at))
+                # Start and end through the same monotone map, so spans that nested still nest.
+                moved = ns + shift + round(drift * (ns - drift_at))
+                dur = e.get("dur")
+                if dur is not None:
+                    end = ns + round(float(dur) * 1000)
+                    e["dur"] = (end + shift + round(drift * (end - drift_at)) - moved) / 1000
+            else:
+                moved = ns + shift
             e["ts"] = moved / 1000
         kept.append(e)
     if not any(e.get("ph") == "M" and e.get("name") == "process_name" for e in kept):

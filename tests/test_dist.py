@@ -195,3 +195,44 @@ def test_merging_never_half_writes_the_output(shifted, tmp_path) -> None:  # typ
     assert r.exit_code == 2 and "truncated" in r.output
     assert dest.read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gputrace")] == []
+
+
+def test_drift_between_two_syncs_is_applied_without_breaking_nesting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gputrace.export import ProcessInfo, TrackInfo, encode_trace, write
+    from gputrace.validate import Report, validate
+
+    base = 1_700_000_000_000_000_000
+    for rank, syncs in [(0, []), (1, [(base, 1_000_000), (base + 100_000_000_000, 1_100_000)])]:
+        # rank 1's clock loses 1 us per second against rank 0's: 100 us over the 100 s run. Each
+        # inner span starts half a second into its outer one and ends 1 ns before it: shifted by
+        # its start alone, it would stick out of its parent by half a microsecond.
+        meta = {
+            "rank": rank,
+            "clock": {"sync_to_rank0": [{"at_ns": a, "offset_ns": o, "error_ns": 500} for a, o in syncs]},
+        }
+        starts = [base + k * 1_000_000_000 for k in range(100)] + [
+            base + k * 1_000_000_000 + 500_000_000 for k in range(100)
+        ]
+        ends = [s + 999_999_999 for s in starts[:100]] + [s + 499_999_998 for s in starts[100:]]
+        process = ProcessInfo(rank, 2, f"rank {rank}", meta)
+        data = encode_trace(
+            ["outer", "inner"],
+            [0] * 100 + [1] * 100,
+            [0] * 200,
+            starts,
+            ends,
+            [None] * 200,
+            [TrackInfo("t", False, None, 0)],
+            process,
+        )
+        write(str(tmp_path / f"trace_rank{rank}.json"), data)
+    out = tmp_path / "m.json"
+    meta = merge_mod.merge([str(tmp_path)], str(out))
+    assert abs(meta["alignment"]["per_rank"]["1"]["drift_ppm"] - 1.0) < 1e-6
+    merged = read_trace(str(out))
+    assert validate(merged, Report("m")).ok
+    r1 = sorted(e["start"] for e in spans_of(merged) if e["pid"] == 2 and e["name"] == "outer")
+    r0 = sorted(e["start"] for e in spans_of(merged) if e["pid"] == 1 and e["name"] == "outer")
+    # Rank 1's spans started at the same local times as rank 0's; after the offset (+1 ms) and
+    # the drift (+1 us/s) they land 1 ms later at the start and 1.099 ms later at the end.
+    assert r1[0] - r0[0] == 1_000_000 and abs((r1[-1] - r0[-1]) - 1_099_000) <= 1
