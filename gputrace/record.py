@@ -603,3 +603,15 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
 
 
 set_recorder(None, None)
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker, say) cannot touch the parent's CUDA context, and its
+    # spans would never be saved with the parent's: recording is off in the child.
+    global LAZY
+    LAZY = None
+    set_recorder(None, None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -76,6 +76,7 @@ class FakeDevice:
         self.streams: list[FakeStream] = list(self.default)
         self._side: dict[int, FakeStream] = {}
         self._capturing = False
+        self.unusable = False  # a forked child: every device call fails, as CUDA's would
 
     @property
     def capturing(self) -> bool:
@@ -133,6 +134,8 @@ class FakeDevice:
         return dev == self._dev
 
     def current_device(self) -> int:
+        if self.unusable:
+            raise RuntimeError("Cannot re-initialize CUDA in forked subprocess")
         return self._dev
 
     def raw_stream(self, dev: int) -> int:

@@ -258,3 +258,30 @@ def test_rank_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert trace["metadata"]["rank_source"] == "env"
     pid_names = [e for e in trace["traceEvents"] if e.get("name") == "process_name"]
     assert pid_names[0]["pid"] == 4 and pid_names[0]["args"]["name"].startswith("rank 3 (")
+
+
+def test_a_forked_child_records_nothing_and_never_touches_the_device() -> None:
+    import multiprocessing
+
+    fake = FakeDevice()
+    install(fake)
+    with gputrace.span("parent"):
+        fake.work(1000)
+
+    def child(q) -> None:  # type: ignore[no-untyped-def]
+        try:
+            fake.unusable = True  # as in a forked child, any device call now raises
+            with gputrace.span("in worker"):
+                pass
+            q.put(("ok", gputrace.is_enabled()))
+        except BaseException as e:  # noqa: BLE001
+            q.put(("error", repr(e)))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    result = q.get(timeout=60)
+    p.join(60)
+    assert result == ("ok", False)
+    assert [e["name"] for e in spans_of(gputrace.trace_dict())] == ["parent"]
