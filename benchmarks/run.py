@@ -54,20 +54,19 @@ def add(row: Row) -> Row:
     return row
 
 
+_FORMATS = {  # unit -> (divisor, format, shown unit)
+    "ns": (1, ",.0f", "ns"),
+    "us": (1, ",.1f", "us"),
+    "ms": (1, ",.2f", "ms"),
+    "s": (1, ",.2f", "s"),
+    "spans/s": (1e6, ",.2f", "M/s"),
+    "MB": (1, ",.0f", "MB"),
+}
+
+
 def fmt(v: float, unit: str) -> str:
-    if unit == "ns":
-        return f"{v:,.0f} ns"
-    if unit == "us":
-        return f"{v:,.1f} us"
-    if unit == "ms":
-        return f"{v:,.2f} ms"
-    if unit == "s":
-        return f"{v:,.2f} s"
-    if unit == "spans/s":
-        return f"{v / 1e6:,.2f} M/s"
-    if unit == "MB":
-        return f"{v:,.0f} MB"
-    return f"{v:,.3f} {unit}"
+    div, spec, shown = _FORMATS.get(unit, (1, ",.3f", unit))
+    return f"{v / div:{spec}} {shown}"
 
 
 def reset() -> None:

@@ -119,18 +119,10 @@ def _all_reduce_grads(torch: Any, model: Any, comm: Any) -> None:
 
 def run_ranks(out_dir: str, steps: int, ranks: int, timeout_s: float = 600) -> list[str]:
     """Start `ranks` real processes (gloo on CPU, NCCL with enough GPUs); returns their traces."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(ranks):
-        env = {
-            **os.environ,
-            "RANK": str(r),
-            "WORLD_SIZE": str(ranks),
-            "LOCAL_RANK": str(r),
-            "LOCAL_WORLD_SIZE": str(ranks),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+        env = {**os.environ, **rank_environment(r, ranks, port)}
         code = f"from gputrace.demo import train; train({out_dir!r}, {steps}, distributed=True)"
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True))
     failed = []
@@ -148,7 +140,19 @@ def run_ranks(out_dir: str, steps: int, ranks: int, timeout_s: float = 600) -> l
     return [os.path.join(out_dir, f"trace_rank{r}.json") for r in range(ranks)]
 
 
-def _free_port() -> int:
+def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun gives each rank of a one-host run."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

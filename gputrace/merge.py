@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from gputrace.errors import MergeError, TraceFormatError
-from gputrace.traceio import atomic_writer, read_trace
+from gputrace.traceio import atomic_writer, read_trace, us_to_ns
 from gputrace.version import __version__
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -146,15 +146,16 @@ def _apply_clock_sync(rf: RankFile) -> None:
     if not syncs:
         rf.notes.append("no clock sync recorded: host clocks taken as they are (NTP)")
         return
-    best = min(syncs, key=lambda s: s["error_ns"])
-    rf.offset_ns, rf.error_ns = int(best["offset_ns"]), int(best["error_ns"])
     first, last = syncs[0], syncs[-1]
     span = last["at_ns"] - first["at_ns"]
-    if len(syncs) >= 2 and span > 1_000_000_000:
-        # Offsets measured at two times: interpolate between them (clocks drift apart).
+    if span > 1_000_000_000:
+        # Offsets measured at two times: the line through them (clocks drift apart).
         rf.drift = (last["offset_ns"] - first["offset_ns"]) / span
-        rf.offset_ns, rf.error_ns = int(first["offset_ns"]), max(int(first["error_ns"]), int(last["error_ns"]))
         rf.drift_at_ns = int(first["at_ns"])
+        rf.offset_ns, rf.error_ns = int(first["offset_ns"]), max(int(first["error_ns"]), int(last["error_ns"]))
+    else:
+        best = min(syncs, key=lambda s: s["error_ns"])
+        rf.offset_ns, rf.error_ns = int(best["offset_ns"]), int(best["error_ns"])
 
 
 def _align_on(files: list[RankFile], name: str, occurrence: int) -> None:
@@ -164,7 +165,7 @@ def _align_on(files: list[RankFile], name: str, occurrence: int) -> None:
     for rf in files:
         trace = read_trace(rf.path)
         found = sorted(
-            (rf.base_ns + _ns(e.get("ts", 0)), rf.base_ns + _ns(e.get("ts", 0)) + _ns(e.get("dur", 0)))
+            (rf.base_ns + us_to_ns(e.get("ts", 0)), rf.base_ns + us_to_ns(e.get("ts", 0)) + us_to_ns(e.get("dur", 0)))
             for e in trace["traceEvents"]
             if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") == name
         )
@@ -177,10 +178,6 @@ def _align_on(files: list[RankFile], name: str, occurrence: int) -> None:
     for rf in files:
         rf.offset_ns = ref - ends[rf.rank]
         rf.notes.append(f"aligned on the end of {name!r} #{occurrence}")
-
-
-def _ns(us: Any) -> int:
-    return round(float(us) * 1000)
 
 
 def merge(
@@ -270,13 +267,13 @@ def _rank_events(rf: RankFile, base: int) -> bytes:
         e["pid"] = pid
         ts = e.get("ts")
         if ts is not None and e.get("ph") != "M":
-            ns = round(float(ts) * 1000)
+            ns = us_to_ns(ts)
             if drift:
                 # Start and end through the same monotone map, so spans that nested still nest.
                 moved = ns + shift + round(drift * (ns - drift_at))
                 dur = e.get("dur")
                 if dur is not None:
-                    end = ns + round(float(dur) * 1000)
+                    end = ns + us_to_ns(dur)
                     e["dur"] = (end + shift + round(drift * (end - drift_at)) - moved) / 1000
             else:
                 moved = ns + shift

@@ -231,7 +231,7 @@ class Recorder:
                 self.device.synchronize()
             pool = self.pools[dev]
             ev = pool.pop() if pool else self._new_event()
-            self._record(ev, stack.track.stream)
+            self._record(ev, stack.stream)
             s.t0 = ev
             s.gen = self.gens[dev]
         else:
@@ -250,8 +250,7 @@ class Recorder:
             stack.pop()
         elif not self._close_unusual(s):
             return
-        track = stack.track
-        dev = track.device
+        dev = stack.device
         if dev is None:
             s.t1 = self._mono()
         else:
@@ -259,7 +258,7 @@ class Recorder:
                 self.device.synchronize()
             pool = self.pools[dev]
             ev = pool.pop() if pool else self._new_event()
-            self._record(ev, track.stream)
+            self._record(ev, stack.stream)
             s.t1 = ev
         pending = self.pending
         pending.append(s)

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gputrace.traceio import us_to_ns
+
 
 @dataclass(frozen=True)
 class NameStats:
@@ -61,10 +63,8 @@ def spans_by_rank(traces: list[dict[str, Any]]) -> dict[int, dict[str, list[tupl
                 continue
             pid = ev.get("pid", 1)
             rank = pid - 1 if isinstance(pid, int) and pid > 0 else 0
-            start = base + round(float(ev.get("ts", 0)) * 1000)
-            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append(
-                (start, round(float(ev.get("dur", 0)) * 1000))
-            )
+            start = base + us_to_ns(ev.get("ts", 0))
+            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append((start, us_to_ns(ev.get("dur", 0))))
     for names in out.values():
         for spans in names.values():
             spans.sort()

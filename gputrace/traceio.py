@@ -57,6 +57,11 @@ def publish(tmp: str, path: str) -> None:
     os.replace(tmp, path)
 
 
+def us_to_ns(us: Any) -> int:
+    """A Chrome trace's microseconds (ts, dur) as integer nanoseconds."""
+    return round(float(us) * 1000)
+
+
 def read_trace(path: str) -> dict[str, Any]:
     """Parse a Chrome trace file into the object form ({"traceEvents": [...], ...}).
 

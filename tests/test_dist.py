@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 
 from gputrace import merge as merge_mod
 from gputrace.cli import main
+from gputrace.demo import free_port, rank_environment
 from gputrace.errors import MergeError
 from gputrace.traceio import read_trace
 
@@ -26,20 +26,11 @@ SHIFT = 50_000_000  # rank 1's host clock runs 50 ms ahead
 
 
 def run_ranks(out: Path, shift_ns: int, world: int = 2) -> dict[int, dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
+    pythonpath = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     procs = []
     for r in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(r),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(r),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-        }
+        env = {**os.environ, **rank_environment(r, world, port), "PYTHONPATH": pythonpath}
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.dist_worker", str(out), str(shift_ns)],
