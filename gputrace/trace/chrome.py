@@ -1,0 +1,765 @@
+"""Chrome trace JSON: the one reader and the one writer of the format.
+
+Takes: a file (gputrace's own object form, the array form, a file cut off at any byte, or
+another tool's trace such as torch.profiler's) or a `Trace`. Gives: a `Trace` (`read`), or the
+trace as JSON written atomically (`write`), or appended flush by flush (`StreamWriter`).
+
+What the writer guarantees, because Perfetto's importer punishes the alternatives:
+- `ts` is relative to `baseTimeNanoseconds`, written as an exact decimal of integer ns (ns /
+  1000 with three decimals), so Perfetto's `llround(ts * 1000)` returns the exact nanosecond.
+- Spans on one written track nest: a span that cannot nest where it is (misuse: an outer span
+  closed before an inner one, two threads on one stream) goes to an overflow track beside it.
+- pid = rank + 1 (pid 0 is Perfetto's kernel "swapper"), named with `process_name` and ordered
+  by rank; tracks are small tids named with `thread_name`, never equal to the pid (Perfetto
+  draws the tid that equals the pid first, as the "main thread").
+- `"rank": R` is written with a space after the colon, the way Kineto writes it: HTA finds a
+  trace's rank with the pattern `"rank":\\s+(\\d+)`.
+
+Streaming (`StreamWriter`): while recording, the file is the array form `[{...},\\n{...},\\n`,
+which Perfetto and this reader load even without its closing bracket, so a process killed at any
+instant leaves a loadable file. The header travels as a `gputrace` metadata event. `finish()`
+rewrites the file atomically into the object form (header first, then the same event bytes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
+
+import orjson
+
+from gputrace.errors import TraceFormatError
+from gputrace.trace.files import atomic_writer, read_bytes
+from gputrace.trace.model import Process, Trace, Track
+
+# ---- reading ------------------------------------------------------------------------------------
+
+_CUDA_TRACK = re.compile(r"^cuda:(\d+) ")
+
+
+def read(path: str, data: bytes | None = None) -> Trace:
+    """Parse a Chrome trace file into a `Trace`. Raises `TraceFormatError` with the reason when
+    the file is not a trace; a file cut off mid-write loses only its last, incomplete event."""
+    if data is None:
+        data = read_bytes(path)
+    header, events = _parse(path, data)
+    return _build(path, header, events)
+
+
+def read_header(path: str, limit: int = 1 << 20) -> dict[str, Any]:
+    """The top-level keys of a trace (baseTimeNanoseconds, distributedInfo, metadata) without
+    parsing its events, when the file puts them first (gputrace's files do); else the whole
+    file is parsed."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(limit)
+    except OSError:
+        head = b""
+    stripped = head.lstrip()
+    if stripped.startswith(b"{"):
+        cut = stripped.find(b'"traceEvents":')
+        if cut > 0:
+            try:
+                header = orjson.loads(stripped[:cut].rstrip().rstrip(b",") + b"}")
+                if isinstance(header, dict) and "baseTimeNanoseconds" in header:
+                    return header
+            except orjson.JSONDecodeError:
+                pass
+    elif stripped.startswith(b"["):
+        first = stripped.find(b"\n")
+        if first > 0:
+            try:
+                ev = orjson.loads(stripped[1:first].rstrip().rstrip(b","))
+                if isinstance(ev, dict) and ev.get("ph") == "M" and ev.get("name") == "gputrace":
+                    return dict(ev.get("args") or {})
+            except orjson.JSONDecodeError:
+                pass
+    header, _ = _parse(path, read_bytes(path))
+    return header
+
+
+def _parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
+    body = data.lstrip()
+    if not body:
+        raise TraceFormatError(path, "empty file")
+    if body[:1] not in (b"{", b"["):
+        raise TraceFormatError(path, "not a JSON trace (it does not start with { or [)")
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = _repair(path, body)
+    if isinstance(parsed, list):
+        header: dict[str, Any] = {}
+        events = parsed
+        # A streamed file carries its header as `gputrace` metadata events (the first one, and
+        # updates after it: clock syncs, tracks, counts).
+        for e in events:
+            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "gputrace":
+                _update_header(header, e.get("args"))
+        return header, events
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("traceEvents"), list):
+        raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
+    events = parsed.pop("traceEvents")
+    return parsed, events
+
+
+def _update_header(header: dict[str, Any], args: Any) -> None:
+    if not isinstance(args, dict):
+        return
+    for key, value in args.items():
+        if key == "metadata" and isinstance(value, dict):
+            meta = header.setdefault("metadata", {})
+            for k, v in value.items():
+                if k == "clock_syncs" and isinstance(v, list):
+                    meta.setdefault("clock", {}).setdefault("sync_to_rank0", []).extend(v)
+                else:
+                    meta[k] = v
+        else:
+            header[key] = value
+
+
+def _repair(path: str, body: bytes) -> Any:
+    """A file cut off mid-write: keep every complete event. gputrace writes one event per line,
+    so the cut goes back to the last line end; other files fall back to the last `}`."""
+    if body[:1] == b"[":
+        return _complete_array(path, body, 0, b"[")
+    cut = body.find(b'"traceEvents":')
+    if cut < 0:
+        raise TraceFormatError(path, "not valid JSON, and no traceEvents in it; the file may be truncated")
+    start = body.find(b"[", cut)
+    try:
+        header = orjson.loads(body[:cut].rstrip().rstrip(b",") + b"}")
+    except orjson.JSONDecodeError:
+        header = None
+    if start < 0 or not isinstance(header, dict):
+        # traceEvents not first-after-header: let the events carry the day, header lost.
+        raise TraceFormatError(path, "not valid JSON; the file may be truncated before its events")
+    events = _complete_array(path, body[start:], 0, b"[")
+    header["traceEvents"] = events
+    return header
+
+
+def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[Any]:
+    end = len(body)
+    tries = 0
+    while end > 1:
+        # Prefer line ends (gputrace's events are one per line), then any closing brace.
+        nl = body.rfind(b"}\n", 0, end)
+        brace = body.rfind(b"}", 0, end)
+        cut = nl if nl >= 0 and tries < 4 else brace
+        if cut < 0:
+            break
+        try:
+            events = orjson.loads(body[: cut + 1] + b"]")
+            if isinstance(events, list):
+                return events
+        except orjson.JSONDecodeError:
+            pass
+        end = cut
+        tries += 1
+        if tries > 10_000:
+            break
+    if body.strip() in (b"[", b"[\n"):
+        return []
+    raise TraceFormatError(path, "cut off before its first complete event")
+
+
+def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
+    meta = header.get("metadata") if isinstance(header.get("metadata"), dict) else {}
+    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    base = header.get("baseTimeNanoseconds", 0)
+    if isinstance(base, bool) or not isinstance(base, int):
+        if isinstance(base, float) and base.is_integer():
+            base = int(base)
+        elif base is None:
+            base = 0
+        else:
+            raise TraceFormatError(path, "baseTimeNanoseconds is not an integer")
+    trace = Trace(dict(meta))
+    trace.metadata["base_ns"] = base
+    if "world_size" in info:
+        trace.metadata.setdefault("world_size", info["world_size"])
+    merged = bool(meta.get("merged"))
+    own = "gputrace_version" in meta
+    file_rank = info.get("rank", meta.get("rank") if not merged else None)
+    if isinstance(file_rank, bool) or not isinstance(file_rank, int) or file_rank < 0:
+        file_rank = None
+    pid_rank: dict[Any, int] = {}
+    foreign_pids: set[Any] = set()
+    if merged:
+        for pid, r in (meta.get("pid_rank") or {}).items():
+            pid_rank[_pid_key(pid)] = int(r)
+        foreign_pids = {_pid_key(p) for p in meta.get("foreign_pids") or ()}
+    rank_meta = meta.get("rank_metadata") if merged and isinstance(meta.get("rank_metadata"), dict) else {}
+
+    proc_name: dict[Any, str] = {}
+    proc_sort: dict[Any, int] = {}
+    thread_name: dict[tuple[Any, Any], str] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M":
+            n, a = e.get("name"), e.get("args") if isinstance(e.get("args"), dict) else {}
+            if n == "process_name":
+                proc_name[e.get("pid")] = str(a.get("name", ""))
+            elif n == "process_sort_index" and isinstance(a.get("sort_index"), int):
+                proc_sort[e.get("pid")] = a["sort_index"]
+            elif n == "thread_name":
+                thread_name[(e.get("pid"), e.get("tid"))] = str(a.get("name", ""))
+
+    proc_index: dict[Any, int] = {}
+    track_index: dict[tuple[Any, Any], int] = {}
+
+    def process_of(pid: Any) -> int:
+        i = proc_index.get(pid)
+        if i is None:
+            if merged:
+                rank = pid_rank.get(pid)
+                foreign = pid in foreign_pids or rank is None
+                pmeta = rank_meta.get(str(rank), {}) if rank is not None and not foreign else {}
+            else:
+                rank = file_rank
+                # In gputrace's own per-rank file the rank's process is pid rank + 1; every other
+                # process (or every process of another tool's trace) is foreign to gputrace.
+                foreign = not own or (rank is not None and pid != rank + 1)
+                pmeta = meta if not foreign else {}
+            label = proc_name.get(pid) or (f"rank {rank}" if rank is not None and not foreign else f"process {pid}")
+            sort = proc_sort.get(pid, rank if rank is not None else 1 << 20)
+            i = proc_index[pid] = trace.add_process(Process(pid, rank, label, sort, pmeta, foreign))
+        return i
+
+    def track_of(pid: Any, tid: Any, cat: Any) -> int:
+        key = (pid, tid)
+        t = track_index.get(key)
+        if t is None:
+            p = process_of(pid)
+            name = thread_name.get(key) or f"thread {tid}"
+            m = _CUDA_TRACK.match(name)
+            if m:
+                kind, device = "cuda", int(m.group(1))
+            elif name.endswith("(host)") or cat == "cpu":
+                kind, device = "cpu", None
+            else:
+                kind, device = "other", None
+            ordinal = tid if isinstance(tid, int) else len(track_index)
+            t = track_index[key] = trace.add_track(Track(p, tid, name, kind, device, ordinal))
+        return t
+
+    counter_tracks: dict[tuple[Any, str], int] = {}
+    open_b: dict[tuple[Any, Any], list[tuple[str, int, Any]]] = {}
+    spans = trace.spans
+    intern = trace.intern
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph == "X":
+            try:
+                start = base + round(e["ts"] * 1000)
+                end = start + round(e.get("dur", 0) * 1000)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue  # validate reports it; readers skip what they cannot place
+            cat = e.get("cat")
+            a = e.get("args")
+            spans.append(
+                intern(str(e.get("name", ""))),
+                track_of(e.get("pid"), e.get("tid"), cat),
+                start,
+                end,
+                a if isinstance(a, dict) and a else None,
+                cat if isinstance(cat, str) and cat not in ("cuda", "cpu") else None,
+            )
+        elif ph == "M":
+            continue
+        elif ph in ("B", "E"):
+            key = (e.get("pid"), e.get("tid"))
+            try:
+                ts = base + round(e["ts"] * 1000)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue
+            if ph == "B":
+                open_b.setdefault(key, []).append((str(e.get("name", "")), ts, e.get("args")))
+            elif open_b.get(key):
+                name, t0, a = open_b[key].pop()
+                spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
+        elif ph == "C":
+            try:
+                ts = base + round(e["ts"] * 1000)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            for key, value in args.items():
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                name = f"{e.get('name', '')} {key}"
+                ck = (e.get("pid"), name)
+                t = counter_tracks.get(ck)
+                if t is None:
+                    dev = _CUDA_TRACK.match(name)
+                    t = counter_tracks[ck] = trace.add_track(
+                        Track(process_of(e.get("pid")), name, name, "counter", int(dev.group(1)) if dev else None)
+                    )
+                trace.counters.append(t, ts, float(value))
+        else:
+            extra = dict(e)
+            try:
+                extra["ts_ns"] = base + round(extra.pop("ts") * 1000)
+            except (KeyError, TypeError, ValueError, OverflowError):
+                continue
+            if "dur" in extra:
+                try:
+                    extra["dur_ns"] = round(extra.pop("dur") * 1000)
+                except (TypeError, ValueError, OverflowError):
+                    extra.pop("dur", None)
+            extra["process"] = process_of(extra.pop("pid", None))
+            trace.extra.append(extra)
+    # Processes that only named themselves still exist (a rank that recorded nothing).
+    for pid in proc_name:
+        if pid not in proc_index and pid is not None:
+            process_of(pid)
+    if own and not merged and file_rank is not None and not trace.processes:
+        process_of(file_rank + 1)
+    return trace
+
+
+def _pid_key(pid: Any) -> Any:
+    try:
+        return int(pid)
+    except (TypeError, ValueError):
+        return pid
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+
+def dumps(value: Any) -> bytes:
+    """JSON bytes. Values JSON cannot hold (NaN, infinities, arbitrary objects, lone
+    surrogates) are written as their string form rather than failing the save."""
+    try:
+        return orjson.dumps(value, default=repr)
+    except (TypeError, orjson.JSONEncodeError):
+        return orjson.dumps(_clean(value), default=repr)
+
+
+def _clean(value: Any) -> Any:
+    import math
+
+    if isinstance(value, dict):
+        return {_clean_str(str(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, str):
+        return _clean_str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def _clean_str(s: str) -> str:
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def header_bytes(base_ns: int, metadata: dict[str, Any], rank: int | None, world_size: int | None) -> bytes:
+    """`{"baseTimeNanoseconds": ..., "distributedInfo": {"rank": R, ...}, "metadata": ...,` with
+    Kineto's spacing in distributedInfo (HTA's rank pattern needs the space)."""
+    parts = [b'{"baseTimeNanoseconds": %d' % base_ns]
+    info = []
+    if rank is not None:
+        info.append(b'"rank": %d' % rank)
+    if world_size is not None:
+        info.append(b'"world_size": %d' % world_size)
+    parts.append(b'"distributedInfo": {' + b", ".join(info) + b"}")
+    parts.append(b'"metadata": ' + dumps(metadata))
+    parts.append(b'"displayTimeUnit": "ns"')
+    return b", ".join(parts) + b', "traceEvents": [\n'
+
+
+class Layout:
+    """Overflow lanes, decided incrementally: each span goes to the first lane of its track where
+    it nests with everything already written there, so spans written in any number of pieces
+    (flush by flush) still nest on every written track.
+
+    Per lane it keeps the outermost spans written so far (disjoint, sorted). A new span fits a
+    lane when it is disjoint from each of them or contains each it meets; inside one of them it
+    fits only if it was written in the same piece (the stack pass below sees its parent), since
+    a later span inside an earlier outermost one could cross that one's children. Kept spans are
+    bounded per lane: the oldest are joined into one, which can only send a late span to an
+    overflow lane, never let two spans cross."""
+
+    MAX_KEPT = 256
+
+    def __init__(self) -> None:
+        self._lanes: dict[int, list[tuple[list[int], list[int]]]] = {}  # track -> lanes: (starts, ends)
+
+    def lanes_used(self, track: int) -> int:
+        return max(1, len(self._lanes.get(track, ())))
+
+    def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+        """The lane of each span of this piece."""
+        by_track: dict[int, list[int]] = {}
+        for i, t in enumerate(tracks):
+            by_track.setdefault(t, []).append(i)
+        lane = [0] * len(starts)
+        for t, rows in by_track.items():
+            lanes = self._lanes.setdefault(t, [])
+            order = sorted(rows, key=lambda i: (starts[i], starts[i] - ends[i], i))
+            stacks: list[list[int]] = [[] for _ in lanes]  # per lane: ends of this piece's open spans
+            roots: list[list[tuple[int, int]]] = [[] for _ in lanes]
+            for i in order:
+                s, e = starts[i], ends[i]
+                k = 0
+                while True:
+                    if k == len(lanes):
+                        lanes.append(([], []))
+                        stacks.append([])
+                        roots.append([])
+                    st = stacks[k]
+                    while st and st[-1] <= s:
+                        st.pop()
+                    if st:
+                        ok = st[-1] >= e  # nests in this piece's open span (its parent)
+                    else:
+                        ok = _fits(lanes[k], s, e)
+                    if ok:
+                        if not st:
+                            roots[k].append((s, e))
+                        st.append(e)
+                        lane[i] = k
+                        break
+                    k += 1
+            for k, rs in enumerate(roots):
+                for s, e in rs:
+                    _keep(lanes[k], s, e, self.MAX_KEPT)
+        return lane
+
+
+def _fits(lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
+    starts, ends = lane
+    # Kept spans are disjoint and sorted, so their ends are sorted too: the ones that meet
+    # [s, e) are those with end > s and start < e.
+    i = bisect.bisect_right(ends, s)
+    j = bisect.bisect_left(starts, e)
+    if i >= j:
+        return True  # meets none
+    return starts[i] >= s and ends[j - 1] <= e  # contains every one it meets
+
+
+def _keep(lane: tuple[list[int], list[int]], s: int, e: int, limit: int) -> None:
+    starts, ends = lane
+    i = bisect.bisect_right(ends, s)
+    j = bisect.bisect_left(starts, e)
+    if i < j:  # it contains these: it replaces them
+        s, e = min(s, starts[i]), max(e, ends[j - 1])
+        del starts[i:j], ends[i:j]
+    starts.insert(i, s)
+    ends.insert(i, e)
+    if len(starts) > limit:  # join the two oldest
+        starts[0:2] = [starts[0]]
+        ends[0:2] = [ends[1]]
+
+
+class ProcessWriter:
+    """Writes one process's metadata and span events, keeping its tids and lanes across pieces."""
+
+    def __init__(self, pid: int, process: Process) -> None:
+        self.pid = pid
+        self.process = process
+        self.layout = Layout()
+        self._tids: dict[tuple[int, int], int] = {}  # (track, lane) -> tid
+        self._next_tid = 0
+        self._named = False
+
+    def tid(self, trace: Trace, track: int, lane: int, out: list[bytes]) -> int:
+        key = (track, lane)
+        tid = self._tids.get(key)
+        if tid is None:
+            self._next_tid += 1
+            if self._next_tid == self.pid:  # never the pid: see the module docstring
+                self._next_tid += 1
+            tid = self._tids[key] = self._next_tid
+            t = trace.tracks[track]
+            name = t.name if lane == 0 else f"{t.name} (overflow {lane})"
+            sort = _track_sort(t) * 1000 + lane
+            out.append(
+                b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
+                % (self.pid, tid, dumps(name))
+            )
+            out.append(
+                b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
+                % (self.pid, tid, sort)
+            )
+        return tid
+
+    def process_events(self) -> bytes:
+        p = self.process
+        return b'{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n' % (
+            self.pid,
+            dumps(p.label),
+        ) + b'{"ph":"M","name":"process_sort_index","pid":%d,"tid":0,"args":{"sort_index":%d}},\n' % (
+            self.pid,
+            p.sort_index,
+        )
+
+
+def _track_sort(t: Track) -> int:
+    # CUDA streams first, by device and stream; then host threads; then the rest.
+    kind = {"cuda": 0, "cpu": 1, "counter": 3}.get(t.kind, 2)
+    ordinal = t.ordinal if isinstance(t.ordinal, int) else 0
+    return kind * 100_000_000 + (t.device or 0) * 1_000_000 + min(ordinal, 999_999)
+
+
+def encode_spans(
+    trace: Trace, rows: Sequence[int], writer: ProcessWriter, base_ns: int, out: list[bytes]
+) -> None:
+    """The X events of `rows` (span indices, all of one process), one per line, each followed by
+    `,\\n`, appended to `out` (metadata events for new tracks go first)."""
+    if not rows:
+        return
+    sp = trace.spans
+    starts = [sp.start[i] for i in rows]
+    ends = [sp.end[i] for i in rows]
+    tracks = [sp.track[i] for i in rows]
+    lanes = writer.layout.place(tracks, starts, ends)
+    meta: list[bytes] = []
+    tids = [writer.tid(trace, t, k, meta) for t, k in zip(tracks, lanes)]
+    out.extend(meta)
+    pid = writer.pid
+    names = trace.names
+    name_json: dict[int, bytes] = {}
+    default_cat = {t: (b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"') for t in set(tracks)}
+    lines = []
+    for j, i in enumerate(rows):
+        s, e = starts[j], ends[j]
+        ts, dur = s - base_ns, e - s
+        if ts < 0 or dur < 0:
+            raise ValueError(f"span {names[sp.name[i]]!r} starts before the trace's base or ends before it starts")
+        ni = sp.name[i]
+        nj = name_json.get(ni)
+        if nj is None:
+            nj = name_json[ni] = dumps(names[ni])
+        cat = sp.cat[i]
+        a = sp.args[i]
+        lines.append(
+            b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d%s},\n'
+            % (
+                dumps(cat) if cat is not None else default_cat[tracks[j]],
+                nj,
+                pid,
+                tids[j],
+                ts // 1000,
+                ts % 1000,
+                dur // 1000,
+                dur % 1000,
+                (b',"args":' + dumps(a)) if a else b"",
+            )
+        )
+    out.append(b"".join(lines))
+
+
+def encode_counters(trace: Trace, rows: Sequence[int], pid_of: dict[int, int], base_ns: int, out: list[bytes]) -> None:
+    """`C` events, one per sample: a counter track named "A B" is event "A" with arg "B"
+    (Perfetto names the track it makes "A B")."""
+    c = trace.counters
+    for i in rows:
+        t = trace.tracks[c.track[i]]
+        prefix, _, key = t.name.rpartition(" ")
+        ts = c.ts[i] - base_ns
+        if ts < 0:
+            raise ValueError("a counter sample lies before the trace's base")
+        v = c.value[i]
+        value = b"%d" % v if v.is_integer() and abs(v) < 2**53 else dumps(v)
+        out.append(
+            b'{"ph":"C","name":%s,"pid":%d,"ts":%d.%03d,"args":{%s:%s}},\n'
+            % (dumps(prefix or key), pid_of[t.process], ts // 1000, ts % 1000, dumps(key), value)
+        )
+
+
+def encode_extra(trace: Trace, pid_of: dict[int, int], base_ns: int, out: list[bytes]) -> None:
+    for e in trace.extra:
+        ev = {k: v for k, v in e.items() if k not in ("ts_ns", "dur_ns", "process")}
+        ev["pid"] = pid_of[e["process"]]
+        ev["ts"] = (e["ts_ns"] - base_ns) / 1000
+        if "dur_ns" in e:
+            ev["dur"] = e["dur_ns"] / 1000
+        out.append(dumps(ev) + b",\n")
+
+
+def output_pids(trace: Trace) -> dict[int, int]:
+    """The pid each process is written with: rank + 1 for ranks, then the other processes
+    numbered after every rank's pid."""
+    out: dict[int, int] = {}
+    used: set[int] = set()
+    for i, p in enumerate(trace.processes):
+        if p.rank is not None and not p.foreign:
+            out[i] = p.rank + 1
+            used.add(p.rank + 1)
+    nxt = max(used, default=0)
+    for i, p in enumerate(trace.processes):
+        if i not in out:
+            nxt += 1
+            out[i] = nxt
+    return out
+
+
+def iter_encode(trace: Trace, base_ns: int | None = None, chunk: int = 65536) -> Iterator[bytes]:
+    """The whole trace as object-form JSON, in pieces (memory: one piece at a time beyond the
+    columns and the layout)."""
+    rng = trace.time_range()
+    if base_ns is None:
+        base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
+    own = [p for p in trace.processes if p.rank is not None and not p.foreign]
+    meta = {k: v for k, v in trace.metadata.items() if k != "base_ns"}
+    pid_of = output_pids(trace)
+    rank = own[0].rank if len(own) == 1 and not meta.get("merged") else None
+    world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
+    if meta.get("merged"):
+        meta["pid_rank"] = {str(pid_of[i]): p.rank for i, p in enumerate(trace.processes) if p.rank is not None}
+        meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
+    yield header_bytes(base_ns, meta, rank, world)
+    writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
+    yield b"".join(w.process_events() for w in writers.values())
+    # Rows grouped by process, in storage order within each.
+    proc_of_track = [t.process for t in trace.tracks]
+    sp = trace.spans
+    by_proc: dict[int, list[int]] = {}
+    track_col = sp.track
+    for i in range(len(sp)):
+        by_proc.setdefault(proc_of_track[track_col[i]], []).append(i)
+    for p, rows in by_proc.items():
+        # One layout pass over the whole process: lanes are decided with every span in view.
+        out: list[bytes] = []
+        _encode_all(trace, rows, writers[p], base_ns, out)
+        yield from out
+    out = []
+    encode_counters(trace, range(len(trace.counters)), pid_of, base_ns, out)
+    encode_extra(trace, pid_of, base_ns, out)
+    if out:
+        yield b"".join(out)
+
+
+def _encode_all(trace: Trace, rows: list[int], writer: ProcessWriter, base_ns: int, out: list[bytes]) -> None:
+    # Sorting by start once makes each layout piece a contiguous time range, which keeps the
+    # lanes' kept-span lists short; pieces bound the memory of the encoded bytes.
+    sp = trace.spans
+    rows = sorted(rows, key=lambda i: (sp.start[i], sp.start[i] - sp.end[i]))
+    step = 65536
+    for k in range(0, len(rows), step):
+        encode_spans(trace, rows[k : k + step], writer, base_ns, out)
+
+
+def write(trace: Trace, path: str, base_ns: int | None = None) -> None:
+    """Write the trace to `path` atomically."""
+    with atomic_writer(path) as f:
+        for piece in iter_encode(trace, base_ns):
+            f.write(piece)
+        _close_list(f)
+
+
+def encode(trace: Trace, base_ns: int | None = None) -> bytes:
+    """The whole trace as object-form JSON bytes (for small traces and tests)."""
+    data = b"".join(iter_encode(trace, base_ns))
+    return data[:-2] + b"\n]}" if data.endswith(b",\n") else data + b"]}"
+
+
+def _close_list(f: BinaryIO) -> None:
+    """Every event line ends with `,\n`; the last one's comma is replaced by the closing `]}`."""
+    f.flush()
+    f.seek(-2, os.SEEK_END)
+    if f.read(2) == b",\n":
+        f.seek(-2, os.SEEK_END)
+        f.write(b"\n]}")
+    else:
+        f.seek(0, os.SEEK_END)
+        f.write(b"]}")
+    f.truncate()
+
+
+# ---- streaming ----------------------------------------------------------------------------------
+
+
+class StreamWriter:
+    """One rank's trace, appended to its file flush by flush.
+
+    The file stays loadable at every instant: it is the array form, one event per line, and
+    each append is one `write()` of whole lines (a kill can cut only the last line, which the
+    readers drop). `finish()` turns it into the object form, atomically."""
+
+    def __init__(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> None:
+        self.path = path
+        self.base_ns = base_ns
+        self.pid = (process.rank or 0) + 1
+        self.process = process
+        self.header = header  # distributedInfo / metadata, rewritten whole at finish()
+        self.writer = ProcessWriter(self.pid, process)
+        self.spans_written = 0
+        self._counter_pid = {0: self.pid}
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        first = dumps({"ph": "M", "name": "gputrace", "pid": self.pid, "tid": 0, "args": self._header_args()})
+        self._write(b"[" + first + b",\n" + self.writer.process_events())
+
+    def _header_args(self) -> dict[str, Any]:
+        return {"baseTimeNanoseconds": self.base_ns, **self.header}
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def append(self, trace: Trace, rows: Sequence[int], counters: Sequence[int] = (), update: Any = None) -> None:
+        """Append spans `rows` and counter samples `counters` of `trace` (one process, index 0),
+        and, if given, a header update (new metadata) — in one write."""
+        out: list[bytes] = []
+        if update:
+            out.append(dumps({"ph": "M", "name": "gputrace", "pid": self.pid, "tid": 0, "args": update}) + b",\n")
+        encode_spans(trace, rows, self.writer, self.base_ns, out)
+        if counters:
+            encode_counters(trace, counters, {i: self.pid for i in range(len(trace.processes))}, self.base_ns, out)
+        if out:
+            self._write(b"".join(out))
+        self.spans_written += len(rows)
+
+    def finish(self, header: dict[str, Any] | None = None) -> None:
+        """Rewrite the file as the object form with the final header, atomically, and close it.
+        On failure the streamed file is left as it is (still loadable)."""
+        if self._fd < 0:
+            return
+        if header is not None:
+            self.header = header
+        os.close(self._fd)
+        self._fd = -1
+        info = self.header.get("distributedInfo", {})
+        head = header_bytes(
+            self.base_ns, self.header.get("metadata", {}), info.get("rank"), info.get("world_size")
+        )
+        with open(self.path, "rb") as src, atomic_writer(self.path) as dst:
+            dst.write(head)
+            src.readline()  # `[` and the streamed header event: replaced by the real header
+            _copy(src, dst)
+            _close_list(dst)
+
+    def abandon(self) -> None:
+        """Close without finishing (the file stays the loadable array form)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, block: int = 16 << 20) -> None:
+    """Copy the streamed events, dropping a last line cut off mid-write (a killed writer)."""
+    tail = b""
+    while True:
+        data = src.read(block)
+        if not data:
+            break
+        data = tail + data
+        cut = data.rfind(b"\n")
+        dst.write(data[: cut + 1])
+        tail = data[cut + 1 :]

@@ -1,0 +1,119 @@
+"""Trace files on disk: atomic writes, finding the files a user names, and telling formats apart.
+
+Takes: paths (files, directories, globs) and bytes to write. Gives: files that are either whole
+or untouched (`atomic_writer`), the list of trace files behind a user's arguments (`expand`),
+and each file's format (`detect`: "chrome" JSON or "perfetto" protobuf).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+from gputrace.errors import GputraceError, TraceFormatError
+
+#: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
+PROTO_EXTENSIONS = (".pftrace", ".perfetto-trace", ".pb", ".proto")
+TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str) -> Iterator[BinaryIO]:
+    """A file to write `path` through: a temporary file in the same directory, renamed over
+    `path` only when the block ends without an error. An existing file is never half-overwritten
+    and a crash leaves no partial trace."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give the temporary file the permissions a new file would have, and rename it over `path`."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """Files, directories (their trace_rank*.json / .pftrace) and globs -> a list of files,
+    each once, in the order given (a directory's files sorted)."""
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(f for pattern in TRACE_GLOBS for f in glob.glob(os.path.join(p, pattern)))
+            if not found:
+                raise GputraceError(f"{p}: no trace_rank*.json or trace_rank*.pftrace files in this directory")
+            files += found
+        elif any(c in p for c in "*?["):
+            found = sorted(glob.glob(p))
+            if not found:
+                raise GputraceError(f"{p}: no files match")
+            files += found
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            raise TraceFormatError(p, "no such file")
+    return list(dict.fromkeys(files))
+
+
+def read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise TraceFormatError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceFormatError(path, "is a directory, not a trace file") from None
+    except OSError as e:
+        raise TraceFormatError(path, e.strerror or str(e)) from None
+
+
+def detect(path: str, head: bytes | None = None) -> str:
+    """"chrome" or "perfetto", by the file's first bytes (a JSON trace starts with `{` or `[`
+    after whitespace; a protobuf trace with field 1, a TracePacket, tag byte 0x0a)."""
+    if head is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(64)
+        except OSError:
+            head = b""
+    stripped = head.lstrip()
+    if stripped[:1] in (b"{", b"["):
+        return "chrome"
+    if head[:1] == b"\x0a" or path.endswith(PROTO_EXTENSIONS):
+        return "perfetto"
+    return "chrome"
+
+
+def format_for_path(path: str, fmt: str | None = None) -> str:
+    """The format to write `path` in: the one asked for, else by extension (JSON by default)."""
+    if fmt is not None:
+        if fmt not in ("chrome", "json", "perfetto", "pftrace", "protobuf"):
+            raise GputraceError(f"unknown trace format {fmt!r}: use json or perfetto")
+        return "chrome" if fmt in ("chrome", "json") else "perfetto"
+    return "perfetto" if path.endswith(PROTO_EXTENSIONS) else "chrome"

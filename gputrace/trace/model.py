@@ -1,0 +1,212 @@
+"""The trace model: what every stage after recording reads and writes.
+
+Takes: nothing (a data type). Gives: `Trace`, a columnar trace with integer epoch nanoseconds
+everywhere, interned span names, processes (one per rank for gputrace's own, any number for
+another tool's), tracks (one per CUDA stream, host thread or counter), and the metadata each
+rank wrote (its rank, run id, clock syncs, drop counts). The readers in `chrome` and `perfetto`
+build a `Trace`; the writers write one; merge, stats, validate and the viewer work on it alone.
+
+Why columns: a rank of a long run holds millions of spans. Python objects per span cost ~200
+bytes and seconds to build; `array` columns cost 8 bytes a value and are built from the
+parsed file in one pass. Why integer ns: a double in microseconds since the epoch keeps only
+0.25 us; integer ns keep the nanosecond through every stage until a writer formats `ts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+#: Track kinds. A "cuda" track is one CUDA stream, "cpu" one host thread, "counter" a series of
+#: values (memory), "other" a thread of another tool's trace whose nature gputrace does not know.
+KINDS = ("cuda", "cpu", "counter", "other")
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """One process of the trace: a rank (gputrace's `rank N` process) or another tool's process.
+
+    `pid` is the id it is written with (gputrace: rank + 1; Perfetto's pid 0 is the kernel).
+    `rank` is None for a process that is not a rank (a Kineto GPU process keeps the rank of the
+    file it came from in `rank` and `foreign=True`)."""
+
+    pid: int | str
+    rank: int | None
+    label: str
+    sort_index: int
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    foreign: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Track:
+    """A timeline inside a process. `tid` is the id it is written with; `ordinal` orders tracks
+    of one process (CUDA streams by device and stream first, then host threads)."""
+
+    process: int  # index into Trace.processes
+    tid: int | str
+    name: str
+    kind: str = "other"
+    device: int | None = None
+    ordinal: int = 0
+
+
+class SpanColumns:
+    """Spans, one column per field: name (index into `Trace.names`), track (index into
+    `Trace.tracks`), start and end (epoch ns, [start, end)), args (a dict or None each), cat."""
+
+    __slots__ = ("name", "track", "start", "end", "args", "cat")
+
+    def __init__(self) -> None:
+        self.name = array("l")
+        self.track = array("l")
+        self.start = array("q")
+        self.end = array("q")
+        self.args: list[dict[str, Any] | None] = []
+        self.cat: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def append(
+        self, name: int, track: int, start: int, end: int, args: dict[str, Any] | None = None, cat: str | None = None
+    ) -> None:
+        self.name.append(name)
+        self.track.append(track)
+        self.start.append(start)
+        self.end.append(end)
+        self.args.append(args)
+        self.cat.append(cat)
+
+    def extend(
+        self,
+        name: Sequence[int],
+        track: Sequence[int],
+        start: Sequence[int],
+        end: Sequence[int],
+        args: Sequence[dict[str, Any] | None] | None = None,
+        cat: Sequence[str | None] | None = None,
+    ) -> None:
+        n = len(start)
+        if not (len(name) == len(track) == len(end) == n):
+            raise ValueError("span columns of different lengths")
+        self.name.extend(name)
+        self.track.extend(track)
+        self.start.extend(start)
+        self.end.extend(end)
+        self.args.extend(args if args is not None else [None] * n)
+        self.cat.extend(cat if cat is not None else [None] * n)
+
+
+class CounterColumns:
+    """Counter samples: track (a "counter" track), time (epoch ns), value."""
+
+    __slots__ = ("track", "ts", "value")
+
+    def __init__(self) -> None:
+        self.track = array("l")
+        self.ts = array("q")
+        self.value = array("d")
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def append(self, track: int, ts: int, value: float) -> None:
+        self.track.append(track)
+        self.ts.append(ts)
+        self.value.append(value)
+
+
+class Trace:
+    """A whole trace: one rank's, a merged one, or another tool's.
+
+    `metadata` is the trace's own (for a merged trace: the alignment applied); each rank's
+    metadata is on its `Process`. `extra` holds events of other tools that gputrace carries
+    through without interpreting them (instants, flows), as dicts whose times are already
+    epoch ns (`ts_ns`, and `dur_ns` where they have one) and whose `process` is an index."""
+
+    def __init__(self, metadata: dict[str, Any] | None = None) -> None:
+        self.metadata: dict[str, Any] = metadata if metadata is not None else {}
+        self.processes: list[Process] = []
+        self.tracks: list[Track] = []
+        self.names: list[str] = []
+        self._name_index: dict[str, int] = {}
+        self.spans = SpanColumns()
+        self.counters = CounterColumns()
+        self.extra: list[dict[str, Any]] = []
+
+    # ---- building ----------------------------------------------------------------------------
+
+    def intern(self, name: str) -> int:
+        i = self._name_index.get(name)
+        if i is None:
+            i = self._name_index[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def add_process(self, process: Process) -> int:
+        self.processes.append(process)
+        return len(self.processes) - 1
+
+    def add_track(self, track: Track) -> int:
+        if track.kind not in KINDS:
+            raise ValueError(f"unknown track kind {track.kind!r}")
+        self.tracks.append(track)
+        return len(self.tracks) - 1
+
+    def add_span(
+        self, name: str, track: int, start: int, end: int, args: dict[str, Any] | None = None, cat: str | None = None
+    ) -> None:
+        self.spans.append(self.intern(name), track, start, end, args, cat)
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks of gputrace's own processes, ascending."""
+        return sorted({p.rank for p in self.processes if p.rank is not None and not p.foreign})
+
+    def rank_process(self, rank: int) -> Process:
+        for p in self.processes:
+            if p.rank == rank and not p.foreign:
+                return p
+        raise KeyError(rank)
+
+    def track_rank(self) -> list[int | None]:
+        """The rank of each track (None for tracks of processes that are not ranks)."""
+        return [self.processes[t.process].rank for t in self.tracks]
+
+    def time_range(self) -> tuple[int, int] | None:
+        """(first start, last end) over spans and counters, or None for an empty trace."""
+        lo: list[int] = []
+        hi: list[int] = []
+        if len(self.spans):
+            lo.append(min(self.spans.start))
+            hi.append(max(self.spans.end))
+        if len(self.counters):
+            lo.append(min(self.counters.ts))
+            hi.append(max(self.counters.ts))
+        for e in self.extra:
+            lo.append(e["ts_ns"])
+            hi.append(e["ts_ns"] + e.get("dur_ns", 0))
+        return (min(lo), max(hi)) if lo else None
+
+    def iter_spans(self) -> Iterator[tuple[str, int, int, int, dict[str, Any] | None]]:
+        """(name, track, start, end, args) per span, in storage order. For tests and small
+        traces; stages that scale work on the columns."""
+        names, s = self.names, self.spans
+        for i in range(len(s)):
+            yield names[s.name[i]], s.track[i], s.start[i], s.end[i], s.args[i]
+
+    def __repr__(self) -> str:
+        return (
+            f"<Trace ranks={self.ranks} processes={len(self.processes)} tracks={len(self.tracks)} "
+            f"spans={len(self.spans)} counters={len(self.counters)}>"
+        )
+
+
+def unfinished_mask(trace: Trace) -> list[bool]:
+    """Per span: was it still open when the trace was written (`args.unfinished`)?"""
+    return [bool(a) and bool(a.get("unfinished")) for a in trace.spans.args]
