@@ -509,9 +509,7 @@ def _track_sort(t: Track) -> int:
     return kind * 100_000_000 + (t.device or 0) * 1_000_000 + min(ordinal, 999_999)
 
 
-def encode_spans(
-    trace: Trace, rows: Sequence[int], writer: ProcessWriter, base_ns: int, out: list[bytes]
-) -> None:
+def encode_spans(trace: Trace, rows: Sequence[int], writer: ProcessWriter, base_ns: int, out: list[bytes]) -> None:
     """The X events of `rows` (span indices, all of one process), one per line, each followed by
     `,\\n`, appended to `out` (metadata events for new tracks go first)."""
     if not rows:
@@ -736,9 +734,7 @@ class StreamWriter:
         os.close(self._fd)
         self._fd = -1
         info = self.header.get("distributedInfo", {})
-        head = header_bytes(
-            self.base_ns, self.header.get("metadata", {}), info.get("rank"), info.get("world_size")
-        )
+        head = header_bytes(self.base_ns, self.header.get("metadata", {}), info.get("rank"), info.get("world_size"))
         with open(self.path, "rb") as src, atomic_writer(self.path) as dst:
             dst.write(head)
             src.readline()  # `[` and the streamed header event: replaced by the real header

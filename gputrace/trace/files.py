@@ -94,7 +94,7 @@ def read_bytes(path: str) -> bytes:
 
 
 def detect(path: str, head: bytes | None = None) -> str:
-    """"chrome" or "perfetto", by the file's first bytes (a JSON trace starts with `{` or `[`
+    """ "chrome" or "perfetto", by the file's first bytes (a JSON trace starts with `{` or `[`
     after whitespace; a protobuf trace with field 1, a TracePacket, tag byte 0x0a)."""
     if head is None:
         try:
