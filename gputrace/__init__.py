@@ -27,6 +27,7 @@ _EXPORTS = {
     "set_host_clock": "gputrace.api",
     "sync_clocks": "gputrace.api",
     "trace_dict": "gputrace.api",
+    "reset": "gputrace.api",
     "HostClock": "gputrace.clock",
     "Config": "gputrace.config",
     "enabled_from_env": "gputrace.config",

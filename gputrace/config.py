@@ -40,6 +40,16 @@ class Config:
         default=5,
         metadata={"help": "reference-event round trips per clock anchor; the shortest is kept"},
     )
+    format: str = dataclasses.field(
+        default="json",
+        metadata={"help": "format of the trace written to out_dir: json (Chrome trace) or perfetto (protobuf)"},
+    )
+    run_id: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "an id every rank of one job shares (default: the launcher's job id, else rank 0's at sync_clocks)"
+        },
+    )
     rank: int | None = dataclasses.field(
         default=None,
         metadata={"help": "rank of this process, when neither torch.distributed nor RANK gives it"},
@@ -101,4 +111,9 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
         if number < 0 or (name != "rank" and number == 0):
             raise ConfigError(f"option {name}={value!r}: expected a positive integer")
         return number
+    if name == "format":
+        fmt = str(value).strip().lower()
+        if fmt not in ("json", "perfetto"):
+            raise ConfigError(f"option format={value!r}: expected json or perfetto")
+        return fmt
     return str(value) if value is not None else None

@@ -53,6 +53,11 @@ class CudaDevice:
             if dev in self._side or dev == self.current_device():
                 torch.cuda.synchronize(dev)
 
+    def memory(self, dev: int) -> tuple[int, int]:
+        """The caching allocator's allocated and reserved bytes on `dev` (no device sync)."""
+        cuda = self._torch.cuda
+        return int(cuda.memory_allocated(dev)), int(cuda.memory_reserved(dev))
+
     def name(self, dev: int) -> str:
         return str(self._torch.cuda.get_device_name(dev))
 

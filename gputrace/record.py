@@ -398,6 +398,39 @@ class Recorder:
         with self._lock:
             return [s for stack in self._stacks for s in stack]
 
+    def resolve_open(self) -> SpanStore:
+        """The spans open now, closed at this moment in a throwaway store and marked
+        `unfinished` (the real ones stay open). Waits for the GPU when any is on a device."""
+        with self._lock:
+            snap = SpanStore(self.config.max_spans)
+            copies = []
+            for s in self.open_spans():
+                c = PySpan(s.name, {**(s.args or {}), "unfinished": True})
+                c.stack, c.parent, c.id, c.t0 = s.stack, s.parent, self.store.id_of(s), s.t0
+                if s.stack.device is None:
+                    c.t1 = self._mono()
+                else:
+                    c.gen, c.t1 = s.gen, self._new_event()
+                    self._record(c.t1, s.stack.stream)
+                copies.append(c)
+            if copies:
+                if self.device is not None:
+                    self.device.synchronize()
+                    for dev in sorted({c.stack.device for c in copies} - {None}):
+                        self._anchor(dev)
+                pools: list[list[Any]] = [[] for _ in self.timelines]  # the originals keep their start events
+                resolve(copies, self.timelines, self.clock, snap, pools)
+            return snap
+
+    def discard(self) -> None:
+        """Forget every resolved and pending span (a fresh trace); open spans stay open."""
+        with self._lock:
+            self.flush(wait=True)  # the pending spans' events go back to their pools
+            self.store.clear()
+            self.store.dropped = 0
+            self.store.child_extent.clear()
+            self.skipped_in_capture = 0
+
 
 def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:
     """Split closed spans into those whose end event has run and the rest, without waiting.

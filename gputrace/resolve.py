@@ -33,6 +33,15 @@ class SpanStore:
         self.args: list[dict[str, Any] | None] = []
         self.dropped = 0
         self._last_id = 0
+        # Per parent span id: (least start, largest end) of its resolved children on its device
+        # track, so the parent can take in a child that sticks out by rounding alone.
+        self.child_extent: dict[int, tuple[int, int]] = {}
+
+    def clear(self) -> None:
+        """Forget the rows (they have been written); names, ids and counts go on."""
+        for col in (self.name, self.track, self.start, self.end, self.id, self.parent):
+            del col[:]
+        self.args = []
 
     def id_of(self, s: Span) -> int:
         """A span's id, given on first need (the hot path never numbers spans)."""
@@ -97,6 +106,7 @@ def resolve(
     parents: list[int] = []
     argss: list[dict[str, Any] | None] = []
     id_of = store.id_of
+    extent = store.child_extent
     for s in done:
         track = s.track
         dev = track.device
@@ -112,6 +122,8 @@ def resolve(
             start, end = tl.to_host_ns(*a), tl.to_host_ns(*b)
             if end < start:  # back-to-back events either side of an anchor: a rounding nanosecond
                 end = start
+            if extent:
+                start, end = _take_in_children(extent, id_of(s), start, end)
             pool = pools[dev]
             pool.append(s.t0)
             pool.append(s.t1)
@@ -121,6 +133,10 @@ def resolve(
         if error is not None:
             args = {**(args or {}), "error": error}
         parent = s.parent
+        if dev is not None and parent is not None and parent.stack is s.stack:
+            pid = id_of(parent)
+            ext = extent.get(pid)
+            extent[pid] = (start, end) if ext is None else (min(ext[0], start), max(ext[1], end))
         names.append(s.name)
         tracks.append(track.index)
         starts.append(start)
@@ -134,34 +150,21 @@ def resolve(
     return later
 
 
-def nest_rounding(store: SpanStore, device_tracks: set[int], tolerance_ns: int = 1_000) -> int:
-    """On device tracks, pull a child's ends inside its parent where they stick out by no more
-    than rounding (float32 steps, anchor segments meeting; CUDA events resolve ~0.5 us anyway).
-    Host spans are exact, and a real misnest is left for the exporter's overflow tracks.
-    Returns how many ends moved."""
-    if not device_tracks:
-        return 0
-    where = {id_: i for i, id_ in enumerate(store.id)}
-    children: dict[int, list[int]] = {}
-    for i in range(len(store)):
-        p = where.get(store.parent[i])
-        if p is not None and store.track[p] == store.track[i] and store.track[i] in device_tracks:
-            children.setdefault(p, []).append(i)
-    moved = 0
-    todo = [i for i in range(len(store)) if where.get(store.parent[i]) is None]
-    order: list[tuple[int, int]] = []  # (parent, child), parents before their children
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, ()):
-            order.append((p, c))
-            todo.append(c)
-    for p, i in order:
-        if 0 < store.start[p] - store.start[i] <= tolerance_ns:
-            store.start[i] = store.start[p]
-            moved += 1
-        if 0 < store.end[i] - store.end[p] <= tolerance_ns:
-            store.end[i] = store.end[p]
-            moved += 1
-        if store.end[i] < store.start[i]:
-            store.end[i] = store.start[i]
-    return moved
+def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, end: int) -> tuple[int, int]:
+    """A parent on a device track takes in its children's ends where they stick out by no more
+    than rounding (float32 steps, anchor segments meeting; CUDA events resolve ~0.5 us anyway),
+    so spans that nested on the GPU nest in the trace. Children are resolved before their parent
+    (they close first on the same stream), so this is decided as the parent resolves and works
+    flush by flush. A real misnest is left for the writer's overflow tracks."""
+    ext = extent.pop(sid, None)
+    if ext is None:
+        return start, end
+    lo, hi = ext
+    if 0 < start - lo <= ROUNDING_NS:
+        start = lo
+    if 0 < hi - end <= ROUNDING_NS:
+        end = hi
+    return start, end
+
+
+ROUNDING_NS = 1_000

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import gputrace
-from gputrace import api, record
+from gputrace import record, session
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.record import Recorder
@@ -38,10 +38,10 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 @pytest.fixture(autouse=True)
 def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every trace a test writes (saved or merged) must pass `gputrace validate`."""
-    from gputrace import traceio
+    from gputrace.trace import files
     from gputrace.validate import format_report, validate_file
 
-    real = traceio.publish
+    real = files.publish
 
     def checked(tmp: str, path: str) -> None:
         real(tmp, path)
@@ -49,7 +49,7 @@ def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
             report = validate_file(path)
             assert report.ok, format_report(report)
 
-    monkeypatch.setattr(traceio, "publish", checked)
+    monkeypatch.setattr(files, "publish", checked)
 
 
 @pytest.fixture(autouse=True)
@@ -72,9 +72,7 @@ def _reset() -> None:
     record.set_recorder(None, None)
     record._warned.clear()
     record._disabled.clear()
-    api._clock = None
-    api._clock_syncs.clear()
-    api._config = Config()
+    session.SESSION.close()
     gputrace.timer._timers.clear()
 
 
@@ -85,9 +83,10 @@ def fake_clock(fake: FakeDevice) -> HostClock:
 def install(fake: FakeDevice | None = None, **options: Any) -> Recorder:
     """A recorder driven by `fake` (None: host spans only, on the real clock), made current."""
     clock = fake_clock(fake) if fake is not None else HostClock()
-    rec = Recorder(Config().replace(**options), fake, clock)
-    record.set_recorder(rec, rec)
-    api._clock = clock
+    config = Config().replace(**options)
+    rec = Recorder(config, fake, clock)
+    session.SESSION.config = config
+    session.SESSION.install(rec)
     return rec
 
 

@@ -395,6 +395,10 @@ class Layout:
     def lanes_used(self, track: int) -> int:
         return max(1, len(self._lanes.get(track, ())))
 
+    def overflow_tracks(self) -> int:
+        """Overflow tracks made so far, over every track."""
+        return sum(max(0, len(lanes) - 1) for lanes in self._lanes.values())
+
     def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
         """The lane of each span of this piece."""
         by_track: dict[int, list[int]] = {}
@@ -509,16 +513,25 @@ def _track_sort(t: Track) -> int:
     return kind * 100_000_000 + (t.device or 0) * 1_000_000 + min(ordinal, 999_999)
 
 
-def encode_spans(trace: Trace, rows: Sequence[int], writer: ProcessWriter, base_ns: int, out: list[bytes]) -> None:
+def encode_spans(
+    trace: Trace,
+    rows: Sequence[int],
+    writer: ProcessWriter,
+    base_ns: int,
+    out: list[bytes],
+    lanes: Sequence[int] | None = None,
+) -> None:
     """The X events of `rows` (span indices, all of one process), one per line, each followed by
-    `,\\n`, appended to `out` (metadata events for new tracks go first)."""
+    `,\\n`, appended to `out` (metadata events for new tracks go first). `lanes`: already
+    placed by the writer's layout; else placed now."""
     if not rows:
         return
     sp = trace.spans
     starts = [sp.start[i] for i in rows]
     ends = [sp.end[i] for i in rows]
     tracks = [sp.track[i] for i in rows]
-    lanes = writer.layout.place(tracks, starts, ends)
+    if lanes is None:
+        lanes = writer.layout.place(tracks, starts, ends)
     meta: list[bytes] = []
     tids = [writer.tid(trace, t, k, meta) for t, k in zip(tracks, lanes)]
     out.extend(meta)
@@ -600,9 +613,12 @@ def output_pids(trace: Trace) -> dict[int, int]:
     return out
 
 
-def iter_encode(trace: Trace, base_ns: int | None = None, chunk: int = 65536) -> Iterator[bytes]:
-    """The whole trace as object-form JSON, in pieces (memory: one piece at a time beyond the
-    columns and the layout)."""
+def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
+    """The whole trace as object-form JSON, in pieces (memory: one piece of bytes at a time
+    beyond the columns and one lane per span). `ordered`: the spans of each track are stored in
+    the order they ended (a recorder's are), so no sort is needed before laying them out.
+
+    The layout runs first, so the header can say how many overflow tracks there are."""
     rng = trace.time_range()
     if base_ns is None:
         base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
@@ -614,21 +630,38 @@ def iter_encode(trace: Trace, base_ns: int | None = None, chunk: int = 65536) ->
     if meta.get("merged"):
         meta["pid_rank"] = {str(pid_of[i]): p.rank for i, p in enumerate(trace.processes) if p.rank is not None}
         meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
-    yield header_bytes(base_ns, meta, rank, world)
     writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
-    yield b"".join(w.process_events() for w in writers.values())
-    # Rows grouped by process, in storage order within each.
-    proc_of_track = [t.process for t in trace.tracks]
     sp = trace.spans
-    by_proc: dict[int, list[int]] = {}
-    track_col = sp.track
-    for i in range(len(sp)):
-        by_proc.setdefault(proc_of_track[track_col[i]], []).append(i)
-    for p, rows in by_proc.items():
-        # One layout pass over the whole process: lanes are decided with every span in view.
+    step = 65536
+    pieces: list[tuple[ProcessWriter, Sequence[int], list[int]]] = []
+    if ordered and len(trace.processes) == 1:
+        for k in range(0, len(sp), step):
+            rows: Sequence[int] = range(k, min(k + step, len(sp)))
+            pieces.append((writers[0], rows, _place(trace, rows, writers[0])))
+    else:
+        proc_of_track = [t.process for t in trace.tracks]
+        by_proc: dict[int, list[int]] = {}
+        track_col = sp.track
+        for i in range(len(sp)):
+            by_proc.setdefault(proc_of_track[track_col[i]], []).append(i)
+        for p, prows in by_proc.items():
+            # The layout sees the spans in the order they ended (children before their parents,
+            # as a recorder resolves them): a later piece then holds only spans that contain,
+            # follow or cross earlier ones, never spans inside them, so nesting is judged right
+            # across pieces.
+            prows.sort(key=lambda i: (sp.end[i], -sp.start[i]))
+            for k in range(0, len(prows), step):
+                rows = prows[k : k + step]
+                pieces.append((writers[p], rows, _place(trace, rows, writers[p])))
+    overflow = sum(w.layout.overflow_tracks() for w in writers.values())
+    if own and not meta.get("merged"):
+        meta["overflow_tracks"] = overflow
+    yield header_bytes(base_ns, meta, rank, world)
+    yield b"".join(w.process_events() for w in writers.values())
+    for w, rows, lanes in pieces:
         out: list[bytes] = []
-        _encode_all(trace, rows, writers[p], base_ns, out)
-        yield from out
+        encode_spans(trace, rows, w, base_ns, out, lanes)
+        yield b"".join(out)
     out = []
     encode_counters(trace, range(len(trace.counters)), pid_of, base_ns, out)
     encode_extra(trace, pid_of, base_ns, out)
@@ -636,20 +669,15 @@ def iter_encode(trace: Trace, base_ns: int | None = None, chunk: int = 65536) ->
         yield b"".join(out)
 
 
-def _encode_all(trace: Trace, rows: list[int], writer: ProcessWriter, base_ns: int, out: list[bytes]) -> None:
-    # Sorting by start once makes each layout piece a contiguous time range, which keeps the
-    # lanes' kept-span lists short; pieces bound the memory of the encoded bytes.
+def _place(trace: Trace, rows: Sequence[int], writer: ProcessWriter) -> list[int]:
     sp = trace.spans
-    rows = sorted(rows, key=lambda i: (sp.start[i], sp.start[i] - sp.end[i]))
-    step = 65536
-    for k in range(0, len(rows), step):
-        encode_spans(trace, rows[k : k + step], writer, base_ns, out)
+    return writer.layout.place([sp.track[i] for i in rows], [sp.start[i] for i in rows], [sp.end[i] for i in rows])
 
 
-def write(trace: Trace, path: str, base_ns: int | None = None) -> None:
-    """Write the trace to `path` atomically."""
+def write(trace: Trace, path: str, base_ns: int | None = None, ordered: bool = False) -> None:
+    """Write the trace to `path` atomically (see `iter_encode` for `ordered`)."""
     with atomic_writer(path) as f:
-        for piece in iter_encode(trace, base_ns):
+        for piece in iter_encode(trace, base_ns, ordered):
             f.write(piece)
         _close_list(f)
 
@@ -711,6 +739,9 @@ class StreamWriter:
     def closed(self) -> bool:
         return self._fd < 0
 
+    def overflow_tracks(self) -> int:
+        return self.writer.layout.overflow_tracks()
+
     def append(self, trace: Trace, rows: Sequence[int], counters: Sequence[int] = (), update: Any = None) -> None:
         """Append spans `rows` and counter samples `counters` of `trace` (one process, index 0),
         and, if given, a header update (new metadata) — in one write."""
@@ -740,6 +771,24 @@ class StreamWriter:
             src.readline()  # `[` and the streamed header event: replaced by the real header
             _copy(src, dst)
             _close_list(dst)
+
+    def resume(self) -> None:
+        """After `finish()`: turn the file back into the streamed form and go on appending."""
+        if self._fd >= 0:
+            return
+        with open(self.path, "rb") as src, atomic_writer(self.path) as dst:
+            src.readline()  # the object form's header line
+            first = dumps({"ph": "M", "name": "gputrace", "pid": self.pid, "tid": 0, "args": self._header_args()})
+            dst.write(b"[" + first + b",\n")
+            _copy(src, dst)  # every event line; the last one ends without a comma, then `]}`
+            dst.flush()
+            dst.seek(0, os.SEEK_END)
+            size = dst.tell()
+            dst.seek(max(size - 1, 0))
+            if dst.read(1) == b"\n" and size > 1:
+                dst.seek(size - 1)
+                dst.write(b",\n")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
     def abandon(self) -> None:
         """Close without finishing (the file stays the loadable array form)."""

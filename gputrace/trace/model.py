@@ -70,6 +70,21 @@ class SpanColumns:
     def __len__(self) -> int:
         return len(self.start)
 
+    @classmethod
+    def wrap(
+        cls,
+        name: array[int],
+        track: array[int],
+        start: array[int],
+        end: array[int],
+        args: list[dict[str, Any] | None],
+    ) -> SpanColumns:
+        """Columns over existing arrays, not copies (a recorder's store as a trace)."""
+        self = cls()
+        self.name, self.track, self.start, self.end, self.args = name, track, start, end, args
+        self.cat = _NoCats(len(start))
+        return self
+
     def append(
         self, name: int, track: int, start: int, end: int, args: dict[str, Any] | None = None, cat: str | None = None
     ) -> None:
@@ -98,6 +113,26 @@ class SpanColumns:
         self.end.extend(end)
         self.args.extend(args if args is not None else [None] * n)
         self.cat.extend(cat if cat is not None else [None] * n)
+
+
+class _NoCats(list):  # type: ignore[type-arg]
+    """A `cat` column of all None that takes no memory per row (reads of any index give None)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self._n = n
+
+    def __getitem__(self, i: Any) -> Any:
+        return None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, value: Any) -> None:
+        self._n += 1
+
+    def extend(self, values: Any) -> None:
+        self._n += len(values)
 
 
 class CounterColumns:

@@ -1,0 +1,669 @@
+"""The session: the one global of a recording process.
+
+Takes: options (`Config`, from keyword arguments and the environment) and the user's calls
+(enable, flush, save, reset, sync_clocks). Gives: the `Recorder` the hot path records into,
+the host clock, the clock syncs, the memory counters, and the rank's trace as a `Trace`
+written by `gputrace.trace`: streamed into the output directory flush by flush (crash-safe),
+or written whole by `save()`.
+
+Streaming (an output directory set): every flush appends what it resolved to
+`trace_rank{R}.json` (or `.pftrace`), so a process killed at any instant leaves a file that
+loads; SIGTERM and SIGINT append what is resolved, finish the file where the program would
+otherwise die, and hand the signal on to the handler that was there before; the interpreter's
+exit finishes the file. Resolved spans then leave memory at each flush: memory stays flat over
+any number of steps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import signal
+import socket
+import statistics
+import threading
+import uuid
+import warnings
+from typing import Any
+
+from gputrace import record
+from gputrace.clock import HostClock
+from gputrace.config import Config
+from gputrace.dist import ClockSync, rank_info
+from gputrace.dist import sync_clocks as _sync_clocks
+from gputrace.errors import ConfigError, GputraceError, GputraceWarning
+from gputrace.record import Recorder
+from gputrace.resolve import SpanStore
+from gputrace.trace import chrome
+from gputrace.trace.files import format_for_path
+from gputrace.trace.model import CounterColumns, Process, SpanColumns, Trace, Track
+from gputrace.version import __version__
+
+_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGINT", None)) if s is not None)
+# A stream's base lies this far before the session began: device spans are placed on the host
+# clock within their anchors' error bars, so one can start a few microseconds "before" it.
+_BASE_MARGIN_NS = 1_000_000
+
+
+class Session:
+    """Everything process-wide: the config, the recorder, the clocks and syncs, the output."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.config = Config()
+        self.clock: HostClock | None = None
+        self.syncs: list[ClockSync] = []
+        self.run_id: str | None = None
+        self.started_ns = 0
+        self.counter_names: list[str] = []  # counter track names, e.g. "cuda:0 memory allocated"
+        self.counters = CounterColumns()
+        self.stream: Any = None  # a chrome or perfetto StreamWriter while streaming
+        self.saved = False
+        self._atexit = False
+        self._previous: dict[int, Any] = {}  # signal -> the handler before ours
+        self._busy = False
+        self._deferred: tuple[int, Any] | None = None
+
+    # ---- on and off --------------------------------------------------------------------------
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return record.ACTIVE
+
+    def enable(self, **options: Any) -> None:
+        with self.lock:
+            rec = record.ACTIVE
+            # Again while a recorder exists: the options given change, the others stay.
+            config = (self.config if rec is not None else Config.from_env()).replace(**options)
+            if rec is not None:
+                self._reconfigure(rec, config)
+            self.config = config
+            if rec is None:
+                self._build()
+            else:
+                record.set_recorder(rec, rec)
+            self._register_atexit()
+
+    def enable_from_env(self) -> None:
+        """Recording on from the environment, at import. Building the recorder imports torch,
+        which `import gputrace` and the CLI must not, so the first span builds it."""
+        self.config = Config.from_env()
+        record.LAZY = self._build
+        self._register_atexit()
+
+    def _reconfigure(self, rec: Recorder, new: Config) -> None:
+        old = self.config
+        if new.cuda != old.cuda and rec.device is not None:
+            raise ConfigError(
+                "the cuda option cannot change once recording has begun on a GPU; set it in the first enable()"
+            )
+        if self.stream is not None and (new.rank != old.rank or new.format != old.format or new.out_dir != old.out_dir):
+            # The file being streamed is finished where it is; the next flush starts the new one.
+            self._finish_stream()
+            self.stream = None
+        rec.config = new
+        rec.store.capacity = new.max_spans
+        rec._check_at = len(rec.pending) + new.max_pending
+
+    def disable(self) -> None:
+        """Stop recording new spans. Open spans still close; what was recorded can still be saved."""
+        record.LAZY = None
+        record.set_recorder(None, record.ACTIVE)
+
+    def is_enabled(self) -> bool:
+        return record.RECORDER is not None or record.LAZY is not None
+
+    def host_clock(self) -> HostClock:
+        if self.clock is None:
+            self.clock = HostClock()
+        return self.clock
+
+    def set_host_clock(self, clock: HostClock) -> None:
+        if record.ACTIVE is not None:
+            raise GputraceError("set_host_clock() must be called before enable()")
+        self.clock = clock
+
+    def _build(self) -> Recorder:
+        with self.lock:
+            rec = record.ACTIVE
+            if rec is None:
+                device = None
+                if self.config.cuda:
+                    try:
+                        import torch
+                    except ImportError:  # looking at traces on a laptop: host spans only
+                        torch = None
+                    if torch is not None and torch.cuda.is_available():
+                        from gputrace.cuda import CudaDevice
+
+                        device = CudaDevice()
+                record.bind_compile_check()
+                rec = Recorder(self.config, device, self.host_clock())
+                self.started_ns = self.host_clock().now()
+                if self.run_id is None:
+                    self.run_id = _run_id_from_env(self.config)
+            record.LAZY = None
+            record.set_recorder(rec, rec)
+            return rec
+
+    def install(self, rec: Recorder) -> None:
+        """Make `rec` the session's recorder (tests drive a recorder on a fake device)."""
+        with self.lock:
+            self.clock = rec.clock
+            self.started_ns = rec.clock.now()
+            record.set_recorder(rec, rec)
+
+    # ---- flush, stream, save -----------------------------------------------------------------
+
+    def flush(self, wait: bool = False) -> int:
+        """Resolve what the GPU has finished (all of it with `wait`), sample memory, and with an
+        output directory append it all to the rank's file. Returns the spans resolved."""
+        rec = record.ACTIVE
+        if rec is None:
+            return 0
+        with self.lock:
+            self._busy = True
+            try:
+                n = rec.flush(wait=wait)
+                self._sample_memory(rec)
+                if self.config.out_dir:
+                    self._append(rec)
+            finally:
+                self._busy = False
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._on_signal(*deferred)
+        return n
+
+    def _sample_memory(self, rec: Recorder) -> None:
+        memory = getattr(rec.device, "memory", None)
+        if memory is None:
+            return
+        now = rec.clock.now()
+        for dev in sorted({t.device for t in rec.tracks if t.device is not None}):
+            try:
+                allocated, reserved = memory(dev)
+            except Exception:  # noqa: BLE001 - a counter is never worth a failed flush
+                return
+            for what, value in (("allocated", allocated), ("reserved", reserved)):
+                name = f"cuda:{dev} memory {what}"
+                try:
+                    track = self.counter_names.index(name)
+                except ValueError:
+                    track = len(self.counter_names)
+                    self.counter_names.append(name)
+                self.counters.append(track, now, float(value))
+
+    def rank_trace(self, rec: Recorder, store: SpanStore | None = None) -> Trace:
+        """The recorder's resolved spans (and the session's counters) as a `Trace` of one
+        process. The span columns are the store's own arrays, not copies."""
+        store = rec.store if store is None else store
+        info = rank_info(self.config.rank)
+        meta = self.metadata(rec, store)
+        trace = Trace(meta)
+        trace.metadata["world_size"] = info.world_size
+        p = trace.add_process(Process(info.rank + 1, info.rank, self.process_label(rec, info.rank), info.rank, meta))
+        for t in rec.tracks:
+            kind = "cpu" if t.device is None else "cuda"
+            trace.add_track(Track(p, t.index, t.name, kind, t.device, t.ordinal))
+        n_tracks = len(trace.tracks)
+        for name in self.counter_names:
+            trace.add_track(Track(p, name, name, "counter", _device_of(name)))
+        trace.names = store.names
+        trace._name_index = store._name_index
+        trace.spans = SpanColumns.wrap(store.name, store.track, store.start, store.end, store.args)
+        c = self.counters
+        if len(c):
+            trace.counters.track.extend(t + n_tracks for t in c.track)
+            trace.counters.ts.extend(c.ts)
+            trace.counters.value.extend(c.value)
+        return trace
+
+    def process_label(self, rec: Recorder, rank: int) -> str:
+        devices = self._devices(rec)
+        used = sorted({t.device for t in rec.tracks if t.device is not None})
+        label_dev = ", ".join(sorted({devices[d] for d in used})) if used else "cpu"
+        return f"rank {rank} ({socket.gethostname()}, {label_dev})"
+
+    @staticmethod
+    def _devices(rec: Recorder) -> list[str]:
+        return [rec.device.name(d) for d in range(rec.device.count())] if rec.device is not None else []
+
+    def metadata(self, rec: Recorder, store: SpanStore, unfinished: int = 0) -> dict[str, Any]:
+        info = rank_info(self.config.rank)
+        return {
+            "gputrace_version": __version__,
+            "run_id": self.run_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "local_rank": info.local_rank,
+            "rank_source": info.source,
+            "devices": self._devices(rec),
+            "clock": self.clock_metadata(rec),
+            "spans": self._spans_total(store) + unfinished,
+            "spans_dropped": store.dropped,
+            "spans_unfinished": unfinished,
+            "spans_skipped_in_cuda_graph_capture": rec.skipped_in_capture,
+            "options": {k: v for k, v in vars(self.config).items()},
+        }
+
+    def _spans_total(self, store: SpanStore) -> int:
+        return (self.stream.spans_written if self.stream is not None else 0) + len(store)
+
+    def clock_metadata(self, rec: Recorder) -> dict[str, Any]:
+        devices = []
+        for dev, tl in enumerate(rec.timelines):
+            if tl.anchors:
+                u = [a.uncertainty_ns for a in tl.anchors]
+                devices.append(
+                    {
+                        "device": dev,
+                        "anchors": len(u),
+                        "uncertainty_ns_median": int(statistics.median(u)),
+                        "uncertainty_ns_max": max(u),
+                    }
+                )
+        return {
+            "host": "CLOCK_MONOTONIC + realtime offset measured at start",
+            "epoch_offset_ns": rec.clock.epoch_offset_ns,
+            "test_shift_ns": rec.clock.shift_ns,
+            "device_anchors": devices,
+            "sync_to_rank0": [dataclasses.asdict(c) for c in self.syncs],
+        }
+
+    def stream_path(self, directory: str) -> str:
+        rank = rank_info(self.config.rank).rank
+        ext = ".pftrace" if self.config.format == "perfetto" else ".json"
+        return os.path.join(directory, f"trace_rank{rank}{ext}")
+
+    def _open_stream(self, rec: Recorder) -> Any:
+        assert self.config.out_dir
+        path = self.stream_path(self.config.out_dir)
+        info = rank_info(self.config.rank)
+        base = self.started_ns - _BASE_MARGIN_NS
+        process = Process(info.rank + 1, info.rank, self.process_label(rec, info.rank), info.rank)
+        header = self._header(rec, rec.store, 0)
+        writer = _stream_class(self.config.format)
+        try:
+            self.stream = writer(path, base, process, header)
+        except OSError as e:
+            raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+        self._install_signal_handlers()
+        return self.stream
+
+    def _header(self, rec: Recorder, store: SpanStore, unfinished: int) -> dict[str, Any]:
+        info = rank_info(self.config.rank)
+        return {
+            "distributedInfo": {"rank": info.rank, "world_size": info.world_size},
+            "metadata": self.metadata(rec, store, unfinished),
+        }
+
+    def _append(self, rec: Recorder, final: bool = False) -> None:
+        """Append the resolved spans (and counters) to the stream; they then leave memory."""
+        stream = self.stream if self.stream is not None and not self.stream.closed else None
+        if stream is None:
+            stream = self._open_stream(rec) if self.stream is None else self._resume(rec)
+        store = rec.store
+        trace = self.rank_trace(rec, store)
+        _clamp_to_base(trace, stream.base_ns)
+        update = None
+        if self._header_changed(stream):
+            update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
+        stream.append(trace, range(len(store)), range(len(trace.counters)), update)
+        stream.counts = (store.dropped, rec.skipped_in_capture)
+        store.clear()
+        self.counters = CounterColumns()
+
+    def _header_changed(self, stream: Any) -> bool:
+        return getattr(stream, "syncs_written", 0) != len(self.syncs) or getattr(stream, "run_id", None) != self.run_id
+
+    def _new_syncs(self, stream: Any) -> list[dict[str, Any]]:
+        done = getattr(stream, "syncs_written", 0)
+        stream.syncs_written = len(self.syncs)
+        stream.run_id = self.run_id
+        return [dataclasses.asdict(c) for c in self.syncs[done:]]
+
+    def _resume(self, rec: Recorder) -> Any:
+        self.stream.resume()
+        return self.stream
+
+    def _finish_stream(self) -> str | None:
+        """Append the open spans (marked unfinished) and write the final header."""
+        stream = self.stream
+        rec = record.ACTIVE
+        if stream is None or stream.closed or rec is None:
+            return stream.path if stream is not None else None
+        snapshot = rec.resolve_open()
+        trace = self.rank_trace(rec, snapshot)
+        _clamp_to_base(trace, stream.base_ns)
+        stream.append(trace, range(len(snapshot)), ())
+        header = self._header(rec, rec.store, len(snapshot))
+        header["metadata"]["spans"] = stream.spans_written
+        header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
+        stream.finish(header)
+        return str(stream.path)
+
+    def save(self, path: str | os.PathLike[str] | None = None, format: str | None = None) -> str:
+        """Write the trace; see `gputrace.save`."""
+        target = os.fspath(path) if path is not None else self.config.out_dir
+        if not target:
+            raise GputraceError("save() needs a path, or the out_dir option (GPUTRACE_OUT_DIR)")
+        rec = record.ACTIVE
+        if rec is None:
+            raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
+        fmt = format_for_path(target, format) if (format or not os.path.isdir(target)) else None
+        is_file = os.path.splitext(target)[1] in (".json", ".pftrace", ".perfetto-trace", ".pb")
+        with self.lock:
+            self.flush(wait=True)
+            if self.config.out_dir:  # streaming: the file is on disk already
+                streamed = self._finish_stream()
+                self.saved = True
+                if streamed is None:
+                    streamed = self.stream_path(self.config.out_dir)
+                if not is_file:
+                    target = os.path.join(target, os.path.basename(streamed))
+                if os.path.abspath(target) != os.path.abspath(streamed):
+                    _convert(streamed, target, fmt or format_for_path(target))
+                return target
+            if not is_file:
+                rank = rank_info(self.config.rank).rank
+                ext = ".pftrace" if (format and format_for_path("x", format) == "perfetto") else ".json"
+                target = os.path.join(target, f"trace_rank{rank}{ext}")
+            trace = self.snapshot(rec)
+            write_trace(trace, target, fmt or format_for_path(target))
+            self.saved = True
+            return target
+
+    def snapshot(self, rec: Recorder) -> Trace:
+        """Everything recorded and not yet streamed, open spans included (closed at this moment
+        in a throwaway store, marked `unfinished`)."""
+        rec.flush(wait=True)
+        snapshot = rec.resolve_open()
+        trace = self.rank_trace(rec)
+        if len(snapshot):
+            meta = self.metadata(rec, rec.store, len(snapshot))
+            trace.metadata.update(meta)
+            trace.processes[0] = dataclasses.replace(trace.processes[0], metadata=trace.metadata)
+            # The snapshot's rows join the store's columns in a copy (open spans are few).
+            full = SpanColumns()
+            full.extend(trace.spans.name, trace.spans.track, trace.spans.start, trace.spans.end, trace.spans.args)
+            trace.names = list(trace.names)
+            trace._name_index = dict(trace._name_index)
+            for i in range(len(snapshot)):
+                full.append(
+                    trace.intern(snapshot.names[snapshot.name[i]]),
+                    snapshot.track[i],
+                    snapshot.start[i],
+                    snapshot.end[i],
+                    snapshot.args[i],
+                )
+            trace.spans = full
+        return trace
+
+    def reset(self) -> None:
+        """Discard everything recorded so far and start a fresh trace (spans open now stay open
+        and close into it). With an output directory, the rank's file starts again."""
+        with self.lock:
+            rec = record.ACTIVE
+            if rec is not None:
+                rec.discard()
+            if self.stream is not None:
+                self.stream.abandon()
+                self.stream = None
+            self.counter_names = []
+            self.counters = CounterColumns()
+            self.saved = False
+            if self.clock is not None:
+                self.started_ns = self.clock.now()
+
+    # ---- clocks across ranks -----------------------------------------------------------------
+
+    def sync_clocks(self, group: Any = None, exchanges: int = 16) -> ClockSync | None:
+        result = _sync_clocks(self.host_clock(), group, exchanges)
+        if result is not None:
+            self.syncs.append(result)
+            if self.run_id is None:
+                self.run_id = _shared_run_id(group)
+        return result
+
+    # ---- exit and signals --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Back to a fresh session: the stream left as it is on disk, signal handlers handed
+        back, recording off (what a test between two tests needs)."""
+        if self.stream is not None:
+            self.stream.abandon()
+        for sig, previous in self._previous.items():
+            try:
+                signal.signal(sig, previous)
+            except (ValueError, OSError, TypeError):
+                pass
+        registered = self._atexit
+        self.__init__()  # type: ignore[misc]
+        self._atexit = registered
+
+    def _register_atexit(self) -> None:
+        if not self._atexit:
+            atexit.register(self._at_exit)
+            self._atexit = True
+
+    def _at_exit(self) -> None:
+        rec = record.ACTIVE
+        if rec is None:
+            return
+        try:
+            if self.config.out_dir:
+                self.save()
+            elif not self.saved and (len(rec.store) or rec.pending):
+                warnings.warn(
+                    "gputrace recorded spans that nothing will write: call gputrace.save(path), or set an output "
+                    "directory (enable(out_dir=...) or GPUTRACE_OUT_DIR)",
+                    GputraceWarning,
+                    stacklevel=1,
+                )
+        except Exception as e:  # noqa: BLE001 - at exit a warning is all that can be done
+            warnings.warn(f"gputrace could not save the trace at exit: {e}", GputraceWarning, stacklevel=1)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers; exit still finishes the file
+        for sig in _SIGNALS:
+            if sig in self._previous:
+                continue
+            try:
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):
+                self._previous.pop(sig, None)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._busy:  # inside a flush of this thread: handled when it ends
+            self._deferred = (signum, frame)
+            return
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        try:
+            if previous == signal.SIG_DFL or previous is None:
+                # The program dies of this signal: finish the file first.
+                self.save()
+            else:
+                self.flush()
+        except Exception as e:  # noqa: BLE001 - the signal must still be handled
+            warnings.warn(f"gputrace could not finish the trace on signal {signum}: {e}", GputraceWarning, stacklevel=1)
+        if previous == signal.SIG_DFL or previous is None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        elif callable(previous):
+            previous(signum, frame)
+        # SIG_IGN: ignored, as before
+
+
+def _stream_class(fmt: str) -> Any:
+    if fmt == "perfetto":
+        from gputrace.trace import perfetto
+
+        return perfetto.StreamWriter
+    return chrome.StreamWriter
+
+
+def write_trace(trace: Trace, path: str, fmt: str) -> None:
+    if fmt == "perfetto":
+        from gputrace.trace import perfetto
+
+        perfetto.write(trace, path)
+    else:
+        chrome.write(trace, path, ordered=True)
+
+
+def _convert(src: str, dst: str, fmt: str) -> None:
+    from gputrace.trace.files import detect
+
+    if fmt == detect(src):
+        import shutil
+
+        from gputrace.trace.files import atomic_writer
+
+        with open(src, "rb") as f, atomic_writer(dst) as out:
+            shutil.copyfileobj(f, out, 16 << 20)
+        return
+    from gputrace.trace import perfetto
+
+    trace = perfetto.read(src) if detect(src) == "perfetto" else chrome.read(src)
+    write_trace(trace, dst, fmt)
+
+
+def _clamp_to_base(trace: Trace, base: int) -> None:
+    """A device span placed a few microseconds before the session began (anchor error) starts
+    at the stream's base instead: a trace's times never lie before its base."""
+    sp = trace.spans
+    if len(sp) and min(sp.start) < base:
+        for i in range(len(sp)):
+            if sp.start[i] < base:
+                sp.start[i] = base
+                if sp.end[i] < base:
+                    sp.end[i] = base
+
+
+def _device_of(name: str) -> int | None:
+    if name.startswith("cuda:"):
+        try:
+            return int(name[5:].split(" ", 1)[0])
+        except ValueError:
+            return None
+    return None
+
+
+def _run_id_from_env(config: Config) -> str | None:
+    """An id every rank of one job shares: the option, then the launcher's job id. Without one a
+    multi-rank run gets its id from rank 0 at sync_clocks(); a single process makes its own."""
+    if config.run_id:
+        return config.run_id
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID"):
+        value = os.environ.get(name)
+        if value and value != "none":
+            step = os.environ.get("SLURM_STEP_ID") if name == "SLURM_JOB_ID" else None
+            return f"{value}.{step}" if step else value
+    if rank_info(config.rank).world_size <= 1:
+        return uuid.uuid4().hex
+    return None
+
+
+def _shared_run_id(group: Any) -> str | None:
+    """Rank 0's id, given to every rank (a collective, called from sync_clocks)."""
+    import torch.distributed as dist
+
+    from gputrace import dist as gdist
+
+    g = gdist._gloo_group(dist, group)  # objects travel through gloo, whatever the default is
+    ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
+    box = [uuid.uuid4().hex]
+    dist.broadcast_object_list(box, src=ranks[0], group=g)
+    return str(box[0])
+
+
+SESSION = Session()
+
+
+# ---- the public functions ------------------------------------------------------------------------
+
+
+def enable(**options: Any) -> None:
+    """Turn recording on (again), with options from `Config` on top of the environment's. Called
+    again while recording, it applies the new options (or raises `ConfigError` saying why it
+    cannot)."""
+    SESSION.enable(**options)
+
+
+def enable_from_env() -> None:
+    SESSION.enable_from_env()
+
+
+def disable() -> None:
+    """Stop recording new spans. Open spans still close; what was recorded can still be saved."""
+    SESSION.disable()
+
+
+def is_enabled() -> bool:
+    return SESSION.is_enabled()
+
+
+def set_host_clock(clock: HostClock) -> None:
+    """Replace the host clock (a test seam: a clock shifted by a known amount plays a host whose
+    clock is off). Only before recording starts."""
+    SESSION.set_host_clock(clock)
+
+
+def host_clock() -> HostClock:
+    return SESSION.host_clock()
+
+
+def flush() -> int:
+    """Resolve the spans the GPU has finished, without draining it; with an output directory,
+    append them to the rank's file. Call it once a step (or every few seconds) in long runs: it
+    re-anchors the clocks and keeps memory flat. Returns the number of spans resolved."""
+    return SESSION.flush()
+
+
+def save(path: str | os.PathLike[str] | None = None, format: str | None = None) -> str:
+    """Write the trace. A directory (or a path without a trace extension) gets
+    `trace_rank{R}.json` (`.pftrace` with format="perfetto"). Without a path, the configured
+    `out_dir`. `format`: "json" or "perfetto"; by default chosen by the extension. Returns the
+    file written. With an output directory set (streaming), the streamed file is finished."""
+    return SESSION.save(path, format)
+
+
+def reset() -> None:
+    """Discard everything recorded so far and start a fresh trace."""
+    SESSION.reset()
+
+
+def sync_clocks(group: Any = None, exchanges: int = 16) -> ClockSync | None:
+    """Measure this rank's host clock against rank 0's (collective: every rank calls it).
+    Call it once after init_process_group and again now and then in long runs: each estimate
+    goes into the trace, and `gputrace merge` applies them. Works with NCCL (through a gloo
+    side group) and gloo. Returns None without torch.distributed."""
+    return SESSION.sync_clocks(group, exchanges)
+
+
+def trace() -> Trace:
+    """Everything recorded so far, not yet streamed, as a `Trace` (waits for the GPU)."""
+    rec = record.ACTIVE
+    if rec is None:
+        raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
+    with SESSION.lock:
+        return SESSION.snapshot(rec)
+
+
+def trace_bytes() -> bytes:
+    """Everything recorded so far as Chrome trace JSON (waits for the GPU)."""
+    return chrome.encode(trace())
+
+
+def trace_dict() -> dict[str, Any]:
+    """Everything recorded so far as a Chrome trace dict (waits for the GPU). Spans still open
+    are included up to now, marked `unfinished`."""
+    import orjson
+
+    return orjson.loads(trace_bytes())  # type: ignore[no-any-return]
