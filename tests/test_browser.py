@@ -30,9 +30,9 @@ def ui(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def
 
 
 def x_events(path: Path) -> int:
-    from gputrace.traceio import read_trace
+    from gputrace.trace import chrome
 
-    return sum(1 for e in read_trace(str(path))["traceEvents"] if e.get("ph") == "X")
+    return len(chrome.read(str(path)).spans)
 
 
 def test_per_rank_trace_with_streams_and_misuse(ui, tmp_path) -> None:  # type: ignore[no-untyped-def]
