@@ -422,9 +422,10 @@ class Layout:
                     while st and st[-1] <= s:
                         st.pop()
                     if st:
-                        ok = st[-1] >= e  # nests in this piece's open span (its parent)
+                        # Nests in this piece's open span (its parent), and with earlier pieces'.
+                        ok = st[-1] >= e and self.fits(lanes[k], s, e)
                     else:
-                        ok = _fits(lanes[k], s, e)
+                        ok = self.fits(lanes[k], s, e)
                     if ok:
                         if not st:
                             roots[k].append((s, e))
@@ -436,6 +437,11 @@ class Layout:
                 for s, e in rs:
                     _keep(lanes[k], s, e, self.MAX_KEPT)
         return lane
+
+    def fits(self, lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
+        """Does [s, e) nest with the spans kept for `lane` (those of earlier pieces)? A method, so
+        a format with stricter rules can add them (Perfetto's begin/end events)."""
+        return _fits(lane, s, e)
 
 
 def _fits(lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
@@ -631,8 +637,30 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
         meta["pid_rank"] = {str(pid_of[i]): p.rank for i, p in enumerate(trace.processes) if p.rank is not None}
         meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
     writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
+    pieces = layout_pieces(trace, writers, ordered)
+    overflow = sum(w.layout.overflow_tracks() for w in writers.values())
+    if own and not meta.get("merged"):
+        meta["overflow_tracks"] = overflow
+    yield header_bytes(base_ns, meta, rank, world)
+    yield b"".join(w.process_events() for w in writers.values())
+    for w, rows, lanes in pieces:
+        out: list[bytes] = []
+        encode_spans(trace, rows, w, base_ns, out, lanes)
+        yield b"".join(out)
+    out = []
+    encode_counters(trace, range(len(trace.counters)), pid_of, base_ns, out)
+    encode_extra(trace, pid_of, base_ns, out)
+    if out:
+        yield b"".join(out)
+
+
+def layout_pieces(
+    trace: Trace, writers: dict[int, ProcessWriter], ordered: bool = False, step: int = 65536
+) -> list[tuple[ProcessWriter, Sequence[int], list[int]]]:
+    """Each process's spans in pieces of at most `step`, with the lane of each span decided by its
+    process's writer (`writers`: process index -> writer). The JSON and Perfetto writers both lay
+    out through this, so they make the same overflow tracks."""
     sp = trace.spans
-    step = 65536
     pieces: list[tuple[ProcessWriter, Sequence[int], list[int]]] = []
     if ordered and len(trace.processes) == 1:
         for k in range(0, len(sp), step):
@@ -653,20 +681,7 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
             for k in range(0, len(prows), step):
                 rows = prows[k : k + step]
                 pieces.append((writers[p], rows, _place(trace, rows, writers[p])))
-    overflow = sum(w.layout.overflow_tracks() for w in writers.values())
-    if own and not meta.get("merged"):
-        meta["overflow_tracks"] = overflow
-    yield header_bytes(base_ns, meta, rank, world)
-    yield b"".join(w.process_events() for w in writers.values())
-    for w, rows, lanes in pieces:
-        out: list[bytes] = []
-        encode_spans(trace, rows, w, base_ns, out, lanes)
-        yield b"".join(out)
-    out = []
-    encode_counters(trace, range(len(trace.counters)), pid_of, base_ns, out)
-    encode_extra(trace, pid_of, base_ns, out)
-    if out:
-        yield b"".join(out)
+    return pieces
 
 
 def _place(trace: Trace, rows: Sequence[int], writer: ProcessWriter) -> list[int]:
