@@ -7,6 +7,12 @@
  * (a new stack, CUDA graph capture, cuda_sync, misuse, a full pending list) calls back into the
  * recorder's Python methods. Built against the limited API, so one binary serves every Python
  * from 3.10 on.
+ *
+ * What the hot path reads is record.HotState, declared there once: HOT_FIELDS below lists its
+ * slots in the same order and HOT_LAYOUT is the same number; record.py refuses a build whose
+ * LAYOUT differs. install() reads a HotState into a new State object and then switches to it in
+ * one step, so a thread inside a span never sees a half-built state; each open and close holds
+ * a reference to the State it started with.
  */
 #ifndef Py_LIMITED_API
 #define Py_LIMITED_API 0x030A0000
@@ -18,24 +24,46 @@
 #include <time.h>
 #include <stdio.h>
 
-/* ---- state installed from Python (record.install_hot) ------------------------------------ */
+/* ---- the hot state ------------------------------------------------------------------------ */
 
-static PyObject *g_rec;        /* the recorder while recording is on, else NULL */
-static PyObject *g_active;     /* the last recorder (closes and saves after disable) */
+#define HOT_LAYOUT 1
+/* record.HotState.__slots__, in order. */
+#define HOT_FIELDS(X)                                                                                  \
+    X(local) X(has_device) X(cur_dev) X(raw_stream) X(capturing) X(new_event) X(record) X(pools) X(gens) \
+    X(mono) X(pending) X(check_at) X(open_slow) X(close_slow) X(close_unusual) X(pending_full)          \
+    X(close_by_name)
+
+typedef struct {
+    PyObject_HEAD
+#define X(name) PyObject *name;
+    HOT_FIELDS(X)
+#undef X
+    PyObject *src;           /* the HotState these were read from */
+    int has_dev;             /* has_device, as a C truth value */
+    int native_mono;         /* mono is time.monotonic_ns: read CLOCK_MONOTONIC directly */
+    Py_ssize_t n_check_at;   /* check_at, kept current by set_check_at() */
+} State;
+
+static PyTypeObject *StateType;
+static State *g_state;      /* the installed recorder's state, or NULL: nothing to close into */
+static int g_recording;     /* spans open (recording on); implies g_state */
+static int g_capture;       /* CUDA graph captures under way (torch.cuda.CUDAGraph, watched from Python) */
+
+/* bound once, at import of record.py */
 static PyObject *g_disabled;   /* dict: name -> shared disabled handle */
 static PyObject *g_slow;       /* record._span_slow(name, kwargs) */
 static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
 
-/* fields of g_rec, cached at install time */
-static PyObject *r_local, *r_cur_dev, *r_raw_stream, *r_pools, *r_new_event, *r_record,
-    *r_gens, *r_mono, *r_pending, *r_open_slow, *r_close_slow, *r_pending_full, *r_close_by_name, *r_close_py;
-static int r_has_device, r_native_mono;
-static int g_capture; /* CUDA graph captures under way (torch.cuda.CUDAGraph, watched from Python) */
-static Py_ssize_t r_check_at;
-
 static PyObject *s_host, *s_cuda, *s_track, *s_stream, *s_device, *s_name;
 
 static PyTypeObject *SpanType;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name, *args, *stack, *parent, *id, *gen, *t0, *t1, *error, *owner;
+    char cuda, sync;
+} Span;
+
 
 #define SETREF(dst, src)            \
     do {                            \
@@ -44,75 +72,99 @@ static PyTypeObject *SpanType;
         Py_XDECREF(_old);           \
     } while (0)
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *name, *args, *stack, *parent, *id, *gen, *t0, *t1, *error, *owner;
-    char cuda, sync;
-} Span;
+static void State_dealloc(State *st) {
+    PyTypeObject *tp = Py_TYPE(st);
+#define X(name) Py_CLEAR(st->name);
+    HOT_FIELDS(X)
+#undef X
+    Py_CLEAR(st->src);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(st);
+    Py_DECREF(tp);
+}
 
-#define CLEAR_STATE()                                                                             \
-    do {                                                                                          \
-        Py_CLEAR(r_local); Py_CLEAR(r_cur_dev); Py_CLEAR(r_raw_stream);                           \
-        Py_CLEAR(r_pools); Py_CLEAR(r_new_event); Py_CLEAR(r_record); Py_CLEAR(r_gens);           \
-        Py_CLEAR(r_mono); Py_CLEAR(r_pending); Py_CLEAR(r_open_slow); Py_CLEAR(r_close_slow);     \
-        Py_CLEAR(r_pending_full); Py_CLEAR(r_close_by_name); Py_CLEAR(r_close_py);                                     \
-    } while (0)
+static PyType_Slot State_slots[] = {
+    {Py_tp_doc, "A record.HotState as the C hot path reads it (internal)."},
+    {Py_tp_dealloc, State_dealloc},
+    {0, NULL},
+};
 
-static PyObject *get(PyObject *o, const char *name) { return PyObject_GetAttrString(o, name); }
+static PyType_Spec State_spec = {"gputrace._hot._State", sizeof(State), 0, Py_TPFLAGS_DEFAULT, State_slots};
 
-/* install(rec_or_None, active_or_None, disabled, span_slow, traced) */
-static PyObject *hot_install(PyObject *self, PyObject *args) {
-    PyObject *rec, *active, *disabled, *slow, *traced;
-    if (!PyArg_ParseTuple(args, "OOOOO", &rec, &active, &disabled, &slow, &traced)) return NULL;
-    SETREF(g_disabled, Py_NewRef(disabled));
-    SETREF(g_slow, Py_NewRef(slow));
-    SETREF(g_traced, Py_NewRef(traced));
-    Py_CLEAR(g_active);
-    if (active != Py_None) g_active = Py_NewRef(active);
-    Py_CLEAR(g_rec);
-    CLEAR_STATE();
-    if (active == Py_None) Py_RETURN_NONE;
-    PyObject *src = active;
-    if (!(r_local = get(src, "_local")) || !(r_pools = get(src, "pools")) || !(r_gens = get(src, "gens")) ||
-        !(r_mono = get(src, "_mono")) || !(r_pending = get(src, "pending")) ||
-        !(r_open_slow = get(src, "_open_py")) || !(r_close_slow = get(src, "_close_unusual")) ||
-        !(r_pending_full = get(src, "_pending_full")) || !(r_close_by_name = get(src, "close_by_name")) ||
-        !(r_close_py = get(src, "_close_py")))
-        goto fail;
-    PyObject *hd = get(src, "_has_device");
-    if (!hd) goto fail;
-    r_has_device = PyObject_IsTrue(hd);
-    Py_DECREF(hd);
-    if (r_has_device) {
-        if (!(r_cur_dev = get(src, "_cur_dev")) || !(r_raw_stream = get(src, "_raw_stream")) ||
-            !(r_new_event = get(src, "_new_event")) ||
-            !(r_record = get(src, "_record")))
-            goto fail;
-    }
+/* A new State read from the HotState `src`, or NULL with an exception set. Runs Python code
+ * (attribute reads), so nothing global may change until it is complete. */
+static State *state_from(PyObject *src) {
+    State *st = (State *)PyType_GenericAlloc(StateType, 0);
+    if (!st) return NULL;
+    st->src = Py_NewRef(src);
+#define X(name) \
+    if (!(st->name = PyObject_GetAttrString(src, #name))) goto fail;
+    HOT_FIELDS(X)
+#undef X
+    if ((st->has_dev = PyObject_IsTrue(st->has_device)) < 0) goto fail;
+    st->n_check_at = PyLong_AsSsize_t(st->check_at);
+    if (st->n_check_at == -1 && PyErr_Occurred()) goto fail;
     PyObject *time_mod = PyImport_ImportModule("time");
     if (!time_mod) goto fail;
-    PyObject *mono = get(time_mod, "monotonic_ns");
+    PyObject *mono = PyObject_GetAttrString(time_mod, "monotonic_ns");
     Py_DECREF(time_mod);
     if (!mono) goto fail;
-    r_native_mono = (mono == r_mono);
+    st->native_mono = (mono == st->mono);
     Py_DECREF(mono);
-    PyObject *ca = get(src, "_check_at");
-    if (!ca) goto fail;
-    r_check_at = PyLong_AsSsize_t(ca);
-    Py_DECREF(ca);
-    if (rec != Py_None) g_rec = Py_NewRef(rec);
-    Py_RETURN_NONE;
+    return st;
 fail:
-    CLEAR_STATE();
+    Py_DECREF(st);
     return NULL;
 }
 
-static PyObject *hot_set_check_at(PyObject *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    r_check_at = n;
+PyDoc_STRVAR(install_doc,
+             "install($module, state, recording, /)\n--\n\n"
+             "Make `state` (a record.HotState, or None) the one spans close into, and open into while\n"
+             "`recording`. The new state is read whole before it replaces the old one.");
+
+static PyObject *hot_install(PyObject *self, PyObject *args) {
+    PyObject *src;
+    int recording;
+    if (!PyArg_ParseTuple(args, "Op", &src, &recording)) return NULL;
+    State *st = NULL;
+    if (src != Py_None && !(st = state_from(src))) return NULL;
+    /* The switch: plain stores, no Python code in between. */
+    State *old = g_state;
+    g_state = st;
+    g_recording = st != NULL && recording;
+    Py_XDECREF(old); /* may run Python code (the last reference to a recorder): after the switch */
     Py_RETURN_NONE;
 }
+
+PyDoc_STRVAR(bind_doc,
+             "bind($module, disabled, span_slow, traced, /)\n--\n\n"
+             "The record module's shared disabled handles (a dict), its span() slow path and its\n"
+             "decorator factory; called once, at import.");
+
+static PyObject *hot_bind(PyObject *self, PyObject *args) {
+    PyObject *disabled, *slow, *traced;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &disabled, &slow, &traced)) return NULL;
+    SETREF(g_disabled, Py_NewRef(disabled));
+    SETREF(g_slow, Py_NewRef(slow));
+    SETREF(g_traced, Py_NewRef(traced));
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(set_check_at_doc,
+             "set_check_at($module, state, n, /)\n--\n\n"
+             "The pending length at which a close calls pending_full, where `state` is installed.");
+
+static PyObject *hot_set_check_at(PyObject *self, PyObject *args) {
+    PyObject *src;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "On", &src, &n)) return NULL;
+    if (g_state && g_state->src == src) g_state->n_check_at = n;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(set_capture_doc,
+             "set_capture($module, n, /)\n--\n\n"
+             "CUDA graph captures under way; while any is, every open asks the slow path.");
 
 static PyObject *hot_set_capture(PyObject *self, PyObject *arg) {
     long n = PyLong_AsLong(arg);
@@ -121,26 +173,26 @@ static PyObject *hot_set_capture(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *mono_now(void) {
-    if (r_native_mono) {
+static PyObject *mono_now(State *st) {
+    if (st->native_mono) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
     }
-    return PyObject_CallNoArgs(r_mono);
+    return PyObject_CallNoArgs(st->mono);
 }
 
 /* ---- open / close -------------------------------------------------------------------------- */
 
 /* The stack for this span on this thread, or NULL with no error set: take the slow path. */
-static PyObject *find_stack(Span *s, PyObject **dev_out) {
+static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
     *dev_out = NULL;
-    if (s->cuda && r_has_device) {
-        PyObject *stacks = PyObject_GetAttr(r_local, s_cuda);
+    if (s->cuda && st->has_dev) {
+        PyObject *stacks = PyObject_GetAttr(st->local, s_cuda);
         if (!stacks) { PyErr_Clear(); return NULL; }
-        PyObject *dev = PyObject_CallNoArgs(r_cur_dev);
+        PyObject *dev = PyObject_CallNoArgs(st->cur_dev);
         if (!dev) { Py_DECREF(stacks); return NULL; }
-        PyObject *raw = PyObject_CallFunctionObjArgs(r_raw_stream, dev, NULL);
+        PyObject *raw = PyObject_CallFunctionObjArgs(st->raw_stream, dev, NULL);
         if (!raw) { Py_DECREF(stacks); Py_DECREF(dev); return NULL; }
         PyObject *key = PyTuple_Pack(2, dev, raw);
         Py_DECREF(raw);
@@ -153,13 +205,14 @@ static PyObject *find_stack(Span *s, PyObject **dev_out) {
         *dev_out = dev;
         return stack;
     }
-    PyObject *stack = PyObject_GetAttr(r_local, s_host);
+    PyObject *stack = PyObject_GetAttr(st->local, s_host);
     if (!stack) PyErr_Clear();
     return stack;
 }
 
-static PyObject *pooled_event(PyObject *dev) {
-    PyObject *pool = PyObject_GetItem(r_pools, dev);
+/* An event from the device's pool (one atomic take under the GIL), else a new one. */
+static PyObject *pooled_event(State *st, PyObject *dev) {
+    PyObject *pool = PyObject_GetItem(st->pools, dev);
     if (!pool) return NULL;
     PyObject *ev;
     Py_ssize_t n = PyList_Size(pool);
@@ -168,48 +221,49 @@ static PyObject *pooled_event(PyObject *dev) {
         Py_INCREF(ev);
         if (PyList_SetSlice(pool, n - 1, n, NULL) < 0) { Py_DECREF(ev); ev = NULL; }
     } else {
-        ev = PyObject_CallNoArgs(r_new_event);
+        if (n < 0) PyErr_Clear();
+        ev = PyObject_CallNoArgs(st->new_event);
     }
     Py_DECREF(pool);
     return ev;
 }
 
-static int record_on(PyObject *ev, PyObject *stack) {
+static int record_on(State *st, PyObject *ev, PyObject *stack) {
     PyObject *stream = PyObject_GetAttr(stack, s_stream);
     if (!stream) return -1;
-    PyObject *r = PyObject_CallFunctionObjArgs(r_record, ev, stream, NULL);
+    PyObject *r = PyObject_CallFunctionObjArgs(st->record, ev, stream, NULL);
     Py_DECREF(stream);
     if (!r) return -1;
     Py_DECREF(r);
     return 0;
 }
 
-static PyObject *open_span(Span *s) {
-    if (s->sync) return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+static PyObject *open_span(State *st, Span *s) {
+    if (s->sync) return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
     PyObject *dev;
-    PyObject *stack = find_stack(s, &dev);
+    PyObject *stack = find_stack(st, s, &dev);
     if (!stack) {
         if (PyErr_Occurred()) return NULL;
-        return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+        return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
     }
     if (dev) {
         if (g_capture) { /* the Python path asks CUDA itself, and skips the span if capturing */
             Py_DECREF(stack);
             Py_DECREF(dev);
-            return PyObject_CallFunctionObjArgs(r_open_slow, (PyObject *)s, NULL);
+            return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
         }
-        PyObject *ev = pooled_event(dev);
-        if (!ev || record_on(ev, stack) < 0) {
+        PyObject *ev = pooled_event(st, dev);
+        if (!ev || record_on(st, ev, stack) < 0) {
             Py_XDECREF(ev); Py_DECREF(stack); Py_DECREF(dev);
             return NULL;
         }
         SETREF(s->t0, ev);
-        PyObject *gen = PyObject_GetItem(r_gens, dev);
+        PyObject *gen = PyObject_GetItem(st->gens, dev);
         Py_DECREF(dev);
         if (!gen) { Py_DECREF(stack); return NULL; }
         SETREF(s->gen, gen);
     } else {
-        PyObject *t = mono_now();
+        PyObject *t = mono_now(st);
         if (!t) { Py_DECREF(stack); return NULL; }
         SETREF(s->t0, t);
     }
@@ -221,15 +275,15 @@ static PyObject *open_span(Span *s) {
     Py_RETURN_NONE;
 }
 
-static PyObject *close_span(Span *s) {
-    if (s->sync) return PyObject_CallFunctionObjArgs(r_close_py, (PyObject *)s, NULL);
+static PyObject *close_span(State *st, Span *s) {
+    if (s->sync) return PyObject_CallFunctionObjArgs(st->close_slow, (PyObject *)s, NULL);
     PyObject *stack = s->stack;
     Py_ssize_t n = (stack && stack != Py_None) ? PyList_Size(stack) : 0;
     if (n > 0 && PyList_GetItem(stack, n - 1) == (PyObject *)s) {
         if (PyList_SetSlice(stack, n - 1, n, NULL) < 0) return NULL;
     } else {
         PyErr_Clear();
-        PyObject *go = PyObject_CallFunctionObjArgs(r_close_slow, (PyObject *)s, NULL);
+        PyObject *go = PyObject_CallFunctionObjArgs(st->close_unusual, (PyObject *)s, NULL);
         if (!go) return NULL;
         int record_end = PyObject_IsTrue(go);
         Py_DECREF(go);
@@ -239,21 +293,39 @@ static PyObject *close_span(Span *s) {
     PyObject *dev = PyObject_GetAttr(stack, s_device);
     if (!dev) return NULL;
     if (dev != Py_None) {
-        PyObject *ev = pooled_event(dev);
-        if (!ev || record_on(ev, stack) < 0) {
+        PyObject *ev = pooled_event(st, dev);
+        if (!ev || record_on(st, ev, stack) < 0) {
             Py_XDECREF(ev); Py_DECREF(dev);
             return NULL;
         }
         SETREF(s->t1, ev);
     } else {
-        PyObject *t = mono_now();
+        PyObject *t = mono_now(st);
         if (!t) { Py_DECREF(dev); return NULL; }
         SETREF(s->t1, t);
     }
     Py_DECREF(dev);
-    if (PyList_Append(r_pending, (PyObject *)s) < 0) return NULL;
-    if (PyList_Size(r_pending) >= r_check_at) return PyObject_CallNoArgs(r_pending_full);
+    if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
+    if (PyList_Size(st->pending) >= st->n_check_at) return PyObject_CallNoArgs(st->pending_full);
     Py_RETURN_NONE;
+}
+
+/* open_span / close_span on the installed state, held for the call: a callback into Python
+ * may install another state meanwhile, and this one must outlive the call. */
+static PyObject *open_installed(Span *s) {
+    State *st = g_state;
+    Py_INCREF(st);
+    PyObject *r = open_span(st, s);
+    Py_DECREF(st);
+    return r;
+}
+
+static PyObject *close_installed(Span *s) {
+    State *st = g_state;
+    Py_INCREF(st);
+    PyObject *r = close_span(st, s);
+    Py_DECREF(st);
+    return r;
 }
 
 /* ---- the Span type ------------------------------------------------------------------------- */
@@ -303,8 +375,8 @@ static void Span_dealloc(Span *s) {
 }
 
 static PyObject *Span_enter(Span *self, PyObject *unused) {
-    if (g_rec) {
-        PyObject *r = open_span(self);
+    if (g_recording) {
+        PyObject *r = open_installed(self);
         if (!r) return NULL;
         Py_DECREF(r);
     }
@@ -317,8 +389,8 @@ static PyObject *Span_exit(Span *self, PyObject *const *args, Py_ssize_t nargs) 
         if (!n) return NULL;
         SETREF(self->error, n);
     }
-    if (g_active) {
-        PyObject *r = close_span(self);
+    if (g_state) {
+        PyObject *r = close_installed(self);
         if (!r) return NULL;
         Py_DECREF(r);
     }
@@ -327,7 +399,7 @@ static PyObject *Span_exit(Span *self, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyObject *Span_end(Span *self, PyObject *unused) {
     if (!self->stack) {
-        if (g_rec) return PyObject_CallFunctionObjArgs(r_close_by_name, (PyObject *)self, NULL);
+        if (g_recording) return PyObject_CallFunctionObjArgs(g_state->close_by_name, (PyObject *)self, NULL);
         Py_RETURN_NONE;
     }
     return Span_exit(self, NULL, 0);
@@ -348,17 +420,20 @@ static PyObject *Span_track(Span *self, void *closure) {
 static PyObject *Span_repr(Span *self) { return PyUnicode_FromFormat("<gputrace span %R>", self->name); }
 
 static PyMethodDef Span_methods[] = {
-    {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL, NULL},
-    {"start", (PyCFunction)Span_enter, METH_NOARGS, "Open the span; pair with .end()."},
+    {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nOpen the span; returns it."},
+    {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL,
+     "__exit__($self, exc_type=None, exc=None, tb=None, /)\n--\n\n"
+     "Close the span; an exception's type name goes into its args as `error`."},
+    {"start", (PyCFunction)Span_enter, METH_NOARGS, "start($self, /)\n--\n\nOpen the span; pair with .end()."},
     {"end", (PyCFunction)Span_end, METH_NOARGS,
+     "end($self, /)\n--\n\n"
      "Close the span. On a handle never started, close the innermost open span of this name."},
     {NULL},
 };
 
 static PyMemberDef Span_members[] = {
-    {"name", T_OBJECT_EX, offsetof(Span, name), 0, NULL},
-    {"args", T_OBJECT, offsetof(Span, args), 0, NULL},
+    {"name", T_OBJECT_EX, offsetof(Span, name), 0, "The span's name."},
+    {"args", T_OBJECT, offsetof(Span, args), 0, "Keyword arguments given to span(), or None."},
     {"stack", T_OBJECT_EX, offsetof(Span, stack), 0, NULL},
     {"parent", T_OBJECT_EX, offsetof(Span, parent), 0, NULL},
     {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
@@ -367,18 +442,21 @@ static PyMemberDef Span_members[] = {
     {"t1", T_OBJECT_EX, offsetof(Span, t1), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
-    {"cuda", T_BOOL, offsetof(Span, cuda), 0, NULL},
-    {"sync", T_BOOL, offsetof(Span, sync), 0, NULL},
+    {"cuda", T_BOOL, offsetof(Span, cuda), 0, "Timed with CUDA events (else a host span)."},
+    {"sync", T_BOOL, offsetof(Span, sync), 0, "Synchronises the device around each record."},
     {NULL},
 };
 
 static PyGetSetDef Span_getset[] = {
-    {"track", (getter)Span_track, NULL, NULL, NULL},
+    {"track", (getter)Span_track, NULL, "The track the span was recorded on (None before it opens).", NULL},
     {NULL},
 };
 
 static PyType_Slot Span_slots[] = {
-    {Py_tp_doc, "One span: the handle span() returns, and the record the recorder keeps."},
+    {Py_tp_doc,
+     "Span(name, args=None, cuda=True, sync=False, owner=None)\n--\n\n"
+     "One span: the handle span() returns, and the record the recorder keeps. A context manager,\n"
+     "a decorator, and .start()/.end()."},
     {Py_tp_init, Span_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, Span_dealloc},
@@ -410,6 +488,14 @@ static PyObject *slow_path(PyObject *name, PyObject *const *args, Py_ssize_t nar
     return r;
 }
 
+PyDoc_STRVAR(span_doc,
+             "span($module, name, /, **args)\n--\n\n"
+             "A span: `with span(\"fwd\"):`, `@span`, `@span(\"name\")`, or `s = span(\"x\").start(); s.end()`.\n\n"
+             "Keyword arguments land in the trace event's args, except `timer_type` (TimerType.CUDA, the\n"
+             "default, or TimerType.CPU / \"cpu\" for a host-thread span) and `cuda_sync=True`\n"
+             "(synchronise the device before each record). While recording is off this returns a shared\n"
+             "do-nothing handle; under torch.compile, `nullcontext()`.");
+
 static PyObject *hot_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (nargs != 1) {
         PyErr_SetString(PyExc_TypeError, "span() takes one positional argument, the name (or a function)");
@@ -418,10 +504,10 @@ static PyObject *hot_span(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *name = args[0];
     int has_kw = kwnames && PyTuple_Size(kwnames) > 0;
     if (!g_disabled || !g_slow) {
-        PyErr_SetString(PyExc_RuntimeError, "gputrace._hot is used before gputrace.record installed it");
+        PyErr_SetString(PyExc_RuntimeError, "gputrace._hot is used before gputrace.record bound it");
         return NULL;
     }
-    if (!g_rec) {
+    if (!g_recording) {
         if (!has_kw) {
             PyObject *h = PyDict_GetItemWithError(g_disabled, name);
             if (h) return Py_NewRef(h);
@@ -433,20 +519,29 @@ static PyObject *hot_span(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Span_new_from(SpanType, name, Py_None);
 }
 
+PyDoc_STRVAR(open_doc, "open($module, span, /)\n--\n\nOpen `span` on the installed state (Recorder.open).");
+
 static PyObject *hot_open(PyObject *self, PyObject *s) {
     if (!PyObject_TypeCheck(s, SpanType)) {
         PyErr_SetString(PyExc_TypeError, "open() takes a Span");
         return NULL;
     }
-    return open_span((Span *)s);
+    if (!g_state) {
+        PyErr_SetString(PyExc_RuntimeError, "gputrace: no recorder is installed to open a span in");
+        return NULL;
+    }
+    return open_installed((Span *)s);
 }
+
+PyDoc_STRVAR(close_doc, "close($module, span, /)\n--\n\nClose `span` on the installed state (Recorder.close).");
 
 static PyObject *hot_close(PyObject *self, PyObject *s) {
     if (!PyObject_TypeCheck(s, SpanType)) {
         PyErr_SetString(PyExc_TypeError, "close() takes a Span");
         return NULL;
     }
-    return close_span((Span *)s);
+    if (!g_state) Py_RETURN_NONE;
+    return close_installed((Span *)s);
 }
 
 /* ---- encoding spans as Chrome JSON ------------------------------------------------------- */
@@ -503,6 +598,10 @@ static int item_ll(PyObject *list, Py_ssize_t i, long long *out) {
     *out = PyLong_AsLongLong(o);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
+
+PyDoc_STRVAR(encode_events_doc,
+             "encode_events($module, name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json, /)\n--\n\n"
+             "The X events of a trace, comma-separated JSON, ts/dur as exact decimals of integer ns.");
 
 /* encode_events(name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json)
  * -> the X events, comma-separated, ts/dur as exact decimals of integer ns (as the Python twin). */
@@ -573,6 +672,10 @@ typedef struct {
     long long *v;
     Py_ssize_t n, cap;
 } Stack;
+
+PyDoc_STRVAR(layout_doc,
+             "layout($module, track_idx, starts, ends, ntracks, /)\n--\n\n"
+             "(lane per span, lanes used per track): spans that cannot nest go to overflow lanes.");
 
 /* layout(track_idx, starts, ends, ntracks) -> (lane per span, lanes used per track) */
 static PyObject *hot_layout(PyObject *self, PyObject *args) {
@@ -672,18 +775,39 @@ done:
 }
 
 static PyMethodDef hot_methods[] = {
-    {"layout", hot_layout, METH_VARARGS, NULL},
-    {"encode_events", hot_encode_events, METH_VARARGS, NULL},
-    {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"install", hot_install, METH_VARARGS, NULL},
-    {"set_check_at", hot_set_check_at, METH_O, NULL},
-    {"set_capture", hot_set_capture, METH_O, NULL},
-    {"open", hot_open, METH_O, NULL},
-    {"close", hot_close, METH_O, NULL},
+    {"layout", hot_layout, METH_VARARGS, layout_doc},
+    {"encode_events", hot_encode_events, METH_VARARGS, encode_events_doc},
+    {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
+    {"bind", hot_bind, METH_VARARGS, bind_doc},
+    {"install", hot_install, METH_VARARGS, install_doc},
+    {"set_check_at", hot_set_check_at, METH_VARARGS, set_check_at_doc},
+    {"set_capture", hot_set_capture, METH_O, set_capture_doc},
+    {"open", hot_open, METH_O, open_doc},
+    {"close", hot_close, METH_O, close_doc},
     {NULL},
 };
 
-static struct PyModuleDef hot_module = {PyModuleDef_HEAD_INIT, "gputrace._hot", NULL, -1, hot_methods};
+static struct PyModuleDef hot_module = {
+    PyModuleDef_HEAD_INIT, "gputrace._hot", "gputrace's span hot path in C (see record.py for its Python twin).", -1,
+    hot_methods};
+
+/* LAYOUT = (HOT_LAYOUT, the slot names): record.py compares it with HotState at import. */
+static PyObject *layout_tuple(void) {
+    static const char *names[] = {
+#define X(name) #name,
+        HOT_FIELDS(X)
+#undef X
+    };
+    Py_ssize_t n = (Py_ssize_t)(sizeof(names) / sizeof(names[0]));
+    PyObject *slots = PyTuple_New(n);
+    if (!slots) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyUnicode_InternFromString(names[i]);
+        if (!s) { Py_DECREF(slots); return NULL; }
+        PyTuple_SetItem(slots, i, s);
+    }
+    return Py_BuildValue("(iN)", HOT_LAYOUT, slots);
+}
 
 PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *m = PyModule_Create(&hot_module);
@@ -695,6 +819,13 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_device = PyUnicode_InternFromString("device");
     s_name = PyUnicode_InternFromString("__name__");
     SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);
-    if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) return NULL;
+    if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) goto fail;
+    StateType = (PyTypeObject *)PyType_FromSpec(&State_spec);
+    if (!StateType) goto fail;
+    PyObject *layout = layout_tuple();
+    if (!layout || PyModule_AddObject(m, "LAYOUT", layout) < 0) { Py_XDECREF(layout); goto fail; }
     return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
 }

@@ -11,8 +11,8 @@ come from a pool; the stream is looked up by its raw handle through a cache, nev
 (new tracks, misuse, anchoring, resolving) lives in slow paths the hot path reaches rarely.
 
 The hot path exists twice: `_hot.c` (used when built) and this module's `PySpan`, `_py_span`,
-`Recorder._open_py` / `_close_py` (the reference, and the fallback). Both call the same slow
-paths here, and the test suite runs against both.
+`Recorder._open_py` / `_close_py` (the reference, and the fallback). Both read one declared
+state, `HotState`, and call the same slow paths here; the test suite runs against both.
 """
 
 from __future__ import annotations
@@ -56,6 +56,71 @@ class _Stack(list):  # type: ignore[type-arg]
     the track's, one attribute read away for the hot path."""
 
     __slots__ = ("track", "device", "stream")
+
+
+HOT_LAYOUT = 1
+"""The version of `HotState`'s layout. `_hot.c` declares the same number and the same slots in
+the same order; importing gputrace fails when a C build disagrees, rather than a span failing
+mid-run. Change the number with any change to what a slot holds."""
+
+
+def _no_device(*args: Any) -> Any:
+    raise RuntimeError("gputrace: a device call on a recorder without a device")
+
+
+class HotState:
+    """Everything the span hot path reads, declared once for both of its implementations.
+
+    The C path reads these slots, in this order, when the recorder is installed (`_hot.c`,
+    `HOT_FIELDS`), and swaps its whole copy at once; the Python twin reads them by name. The
+    containers are the recorder's own and only ever change in place; `check_at` is the one
+    value that changes, through `Recorder._check_at` (which tells the C path)."""
+
+    __slots__ = (
+        "local",  # threading.local: .cuda = {(device, raw stream): stack}, .host = stack
+        "has_device",  # False: every span goes on a host track
+        "cur_dev",  # () -> the current device index
+        "raw_stream",  # (device) -> the current stream's raw handle
+        "capturing",  # () -> whether the current stream is capturing a CUDA graph
+        "new_event",  # () -> a timing event
+        "record",  # (event, stream) -> None
+        "pools",  # per device: events to record again; popped (never tested first: threads race)
+        "gens",  # per device: the index the next anchor will get
+        "mono",  # () -> monotonic ns
+        "pending",  # closed spans waiting for resolve
+        "check_at",  # len(pending) at which a close calls pending_full
+        "open_slow",  # (span) -> None: every open the fast path does not handle
+        "close_slow",  # (span) -> None: the close of a cuda_sync span
+        "close_unusual",  # (span) -> bool: a close not of the innermost open span; True: record its end
+        "pending_full",  # () -> None
+        "close_by_name",  # (handle) -> None: .end() on a handle that was never started
+    )
+
+    local: threading.local
+    has_device: bool
+    cur_dev: Callable[[], int]
+    raw_stream: Callable[[int], int]
+    capturing: Callable[[], bool]
+    new_event: Callable[[], Any]
+    record: Callable[[Any, Any], Any]
+    pools: list[list[Any]]
+    gens: list[int]
+    mono: Callable[[], int]
+    pending: list[Any]
+    check_at: int
+    open_slow: Callable[[Any], None]
+    close_slow: Callable[[Any], None]
+    close_unusual: Callable[[Any], bool]
+    pending_full: Callable[[], None]
+    close_by_name: Callable[[Any], None]
+
+    def __init__(self, **fields: Any) -> None:
+        missing = set(HotState.__slots__) - set(fields)
+        extra = set(fields) - set(HotState.__slots__)
+        if missing or extra:
+            raise TypeError(f"HotState fields: missing {sorted(missing)}, unknown {sorted(extra)}")
+        for name, value in fields.items():
+            setattr(self, name, value)
 
 
 class PySpan:
@@ -181,65 +246,98 @@ class Recorder:
         self.clock = clock
         self.store = SpanStore(config.max_spans)
         self.tracks: list[Track] = []
-        self.pending: list[Span] = []
-        self.pools: list[list[Any]] = []  # per device: finished events to record again
         self.timelines: list[DeviceTimeline] = []
-        self.gens: list[int] = []  # per device: the index the next anchor will get
         self.skipped_in_capture = 0
         self._stacks: list[_Stack] = []  # every stack of every thread, for save-time and misuse
-        self._local = threading.local()
         self._lock = threading.RLock()
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
-        self._check = config.max_pending
         self._has_device = device is not None
+        ndev = device.count() if device is not None else 0
+        self._cur_dev: Callable[[], int] = device.current_device if device is not None else _no_device
+        self._raw_stream: Callable[[int], int] = device.raw_stream if device is not None else _no_device
+        self._new_event: Callable[[], Any] = device.new_event if device is not None else _no_device
+        self._record: Callable[[Any, Any], Any] = device.record if device is not None else _no_device
+        self._capturing: Callable[[], bool] = device.is_capturing if device is not None else _no_device
+        self.hot = HotState(
+            local=threading.local(),
+            has_device=device is not None,
+            cur_dev=self._cur_dev,
+            raw_stream=self._raw_stream,
+            capturing=self._capturing,
+            new_event=self._new_event,
+            record=self._record,
+            pools=[[] for _ in range(ndev)],
+            gens=[0] * ndev,
+            mono=self._mono,
+            pending=[],
+            check_at=config.max_pending,
+            open_slow=self._open_py,
+            close_slow=self._close_py,
+            close_unusual=self._close_unusual,
+            pending_full=self._pending_full,
+            close_by_name=self.close_by_name,
+        )
         # The C hot path when it is built (same logic; this class's _open_py/_close_py are the
         # reference and the fallback).
-        self.open = _hot.open if _hot is not None else self._open_py
-        self.close = _hot.close if _hot is not None else self._close_py
+        self.open: Callable[[Any], None] = _hot.open if _hot is not None else self._open_py
+        self.close: Callable[[Any], None] = _hot.close if _hot is not None else self._close_py
         if device is not None:
-            self._cur_dev = device.current_device
-            self._raw_stream = device.raw_stream
-            self._new_event = device.new_event
-            self._record = device.record
-            self._capturing = device.is_capturing
-            for _ in range(device.count()):
+            for _ in range(ndev):
                 self.timelines.append(DeviceTimeline(getattr(device, "elapsed", None)))
-                self.gens.append(0)
-                self.pools.append([])
-            for dev in range(device.count()):
+            for dev in range(ndev):
                 if device.initialized(dev):
                     self._anchor(dev)
+
+    # The containers of the hot state, under the names the slow paths use.
+
+    @property
+    def pending(self) -> list[Any]:
+        """Closed spans waiting for resolve (changed in place only: the C path holds it)."""
+        return self.hot.pending
+
+    @property
+    def pools(self) -> list[list[Any]]:
+        """Per device: finished events to record again."""
+        return self.hot.pools
+
+    @property
+    def gens(self) -> list[int]:
+        """Per device: the index the next anchor will get."""
+        return self.hot.gens
 
     # ---- hot path -------------------------------------------------------------------------
 
     def _open_py(self, s: Any) -> None:
-        if s.cuda and self._has_device:
+        h = self.hot
+        if s.cuda and h.has_device:
             try:
-                stacks = self._local.cuda
+                stacks = h.local.cuda
             except AttributeError:
-                stacks = self._local.cuda = {}
-            dev = self._cur_dev()
-            key = (dev, self._raw_stream(dev))
+                stacks = h.local.cuda = {}
+            dev = h.cur_dev()
+            key = (dev, h.raw_stream(dev))
             stack = stacks.get(key)
-            if stack is None or self._capturing():
+            if stack is None or h.capturing():
                 stack = self._new_stack(stacks, key)
                 if stack is None:  # capturing a CUDA graph: see _new_stack
                     s.stack = None
                     return
             if s.sync:
                 self.device.synchronize()
-            pool = self.pools[dev]
-            ev = pool.pop() if pool else self._new_event()
-            self._record(ev, stack.stream)
+            try:  # not `if pool`: another thread may take the last event in between
+                ev = h.pools[dev].pop()
+            except IndexError:
+                ev = h.new_event()
+            h.record(ev, stack.stream)
             s.t0 = ev
-            s.gen = self.gens[dev]
+            s.gen = h.gens[dev]
         else:
             try:
-                stack = self._local.host
+                stack = h.local.host
             except AttributeError:
                 stack = self._new_stack(None, None)
-            s.t0 = self._mono()
+            s.t0 = h.mono()
         s.parent = stack[-1] if stack else None
         s.stack = stack
         stack.append(s)
@@ -250,19 +348,22 @@ class Recorder:
             stack.pop()
         elif not self._close_unusual(s):
             return
+        h = self.hot
         dev = stack.device
         if dev is None:
-            s.t1 = self._mono()
+            s.t1 = h.mono()
         else:
             if s.sync:
                 self.device.synchronize()
-            pool = self.pools[dev]
-            ev = pool.pop() if pool else self._new_event()
-            self._record(ev, stack.stream)
+            try:
+                ev = h.pools[dev].pop()
+            except IndexError:
+                ev = h.new_event()
+            h.record(ev, stack.stream)
             s.t1 = ev
-        pending = self.pending
+        pending = h.pending
         pending.append(s)
-        if len(pending) >= self._check_at:
+        if len(pending) >= h.check_at:
             self._pending_full()
 
     # ---- slow paths -----------------------------------------------------------------------
@@ -293,7 +394,7 @@ class Recorder:
             stack = _Stack()
             stack.track, stack.device, stack.stream = track, track.device, track.stream
             if stacks is None:
-                self._local.host = stack
+                self.hot.local.host = stack
             else:
                 stacks[key] = stack
             self._stacks.append(stack)
@@ -332,11 +433,12 @@ class Recorder:
 
     def close_by_name(self, handle: Span) -> None:
         """`span("x").end()` on a fresh handle: close the innermost open "x" on this stream."""
+        local = self.hot.local
         if handle.cuda and self._has_device:
             dev = self._cur_dev()
-            stack = getattr(self._local, "cuda", {}).get((dev, self._raw_stream(dev)))
+            stack = getattr(local, "cuda", {}).get((dev, self._raw_stream(dev)))
         else:
-            stack = getattr(self._local, "host", None)
+            stack = getattr(local, "host", None)
         for s in reversed(stack or ()):
             if s.name == handle.name:
                 self.close(s)
@@ -346,13 +448,13 @@ class Recorder:
     @property
     def _check_at(self) -> int:
         """Pending length at which the hot path resolves by itself."""
-        return self._check
+        return self.hot.check_at
 
     @_check_at.setter
     def _check_at(self, n: int) -> None:
-        self._check = n
-        if _hot is not None and ACTIVE is self:
-            _hot.set_check_at(n)
+        self.hot.check_at = n
+        if _hot is not None:
+            _hot.set_check_at(self.hot, n)  # takes effect where this state is installed
 
     def _pending_full(self) -> None:
         self.flush(wait=False)
@@ -594,12 +696,31 @@ def _qualname(fn: Any) -> str:
 
 # ---- the C hot path, when built -----------------------------------------------------------------
 
+HOT_UNUSED_BECAUSE: str | None = None
+"""Why the C hot path is not in use (None: it is), for the twin tests and bug reports."""
+
+
+def check_hot_layout(hot: Any) -> None:
+    """Raise ImportError unless the C build `hot` reads the `HotState` declared here."""
+    theirs = getattr(hot, "LAYOUT", None)
+    ours = (HOT_LAYOUT, HotState.__slots__)
+    if theirs != ours:
+        raise ImportError(
+            f"gputrace's C hot path ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
+            f"hot-state layout {theirs!r}, this gputrace declares {ours!r}; rebuild it with `pip install -e .` "
+            "(or set GPUTRACE_PURE_PYTHON=1)"
+        )
+
+
 try:
     if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
         raise ImportError("GPUTRACE_PURE_PYTHON is set")
     from gputrace import _hot
-except ImportError:
-    _hot = None
+except ImportError as e:
+    _hot = None  # type: ignore[assignment]
+    HOT_UNUSED_BECAUSE = str(e)
+else:
+    check_hot_layout(_hot)  # outside the try: a stale build fails here, loudly, not mid-run
 
 if _hot is not None:
     Span: Any = _hot.Span
@@ -625,15 +746,19 @@ def capture_changed(delta: int) -> None:
 
 def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
     """Make `rec` the recorder spans record into (None: recording off) and `active` the one
-    they close into and save from."""
+    they close into and save from (`rec` is None or `active`)."""
     global RECORDER, ACTIVE
+    if rec is not None and rec is not active:
+        raise ValueError("set_recorder: the recorder spans record into must be the active one")
     RECORDER, ACTIVE = rec, active
     if _hot is not None:
-        _hot.install(rec, active, _disabled, _span_slow, traced)
-        if active is not None:
-            _hot.set_check_at(active._check_at)
+        # Reads the whole state first, then switches in one step: a thread inside a span
+        # meanwhile still sees the previous state, complete.
+        _hot.install(active.hot if active is not None else None, rec is not None)
 
 
+if _hot is not None:
+    _hot.bind(_disabled, _span_slow, traced)
 set_recorder(None, None)
 
 

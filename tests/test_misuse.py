@@ -12,9 +12,10 @@ import gputrace
 from gputrace import record
 from gputrace.cli import main
 from gputrace.errors import GputraceWarning
+from gputrace.record import HotState
 from gputrace.validate import Report, validate
 
-from .conftest import install, spans_of
+from .conftest import install, run_py, spans_of
 from .fakes import FakeDevice
 
 
@@ -225,3 +226,95 @@ def test_validate_cli_reports_problems_and_exits_non_zero(tmp_path) -> None:  # 
     assert r.exit_code == 0 and ": ok: 1 spans on 1 tracks" in r.output
     r = CliRunner().invoke(main, ["validate", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+class _TakenMeanwhile(list):  # type: ignore[type-arg]
+    """An event pool whose last event another thread takes right after it was seen there."""
+
+    def __bool__(self) -> bool:
+        seen = len(self) > 0
+        self.clear()
+        return seen
+
+
+def test_the_last_pooled_event_taken_by_another_thread_meanwhile() -> None:
+    fake = FakeDevice()
+    rec = install(fake)
+    with gputrace.span("first"):
+        fake.work(1_000_000)
+    fake.advance(5_000_000)
+    gputrace.flush()  # its two events go back to the pool
+    assert rec.pools[0]
+    rec.pools[0] = _TakenMeanwhile(rec.pools[0])
+    with gputrace.span("second"):
+        fake.work(1_000_000)
+    fake.advance(5_000_000)
+    rec.pools[0] = list(rec.pools[0])  # the hot path's takes are the point here, not the anchor's
+    assert [e["name"] for e in check(gputrace.trace_dict())] == ["first", "second"]
+
+
+def test_install_switches_state_whole_while_another_thread_closes_a_span() -> None:
+    rec = install()
+    held = gputrace.span("held").start()
+    closer = threading.Thread(target=held.end)
+
+    class ReadSlowly(HotState):
+        """While the C path reads this state to install it, another thread closes a span."""
+
+        __slots__ = ()
+
+        @property  # type: ignore[override]
+        def pools(self) -> list[list[object]]:
+            if closer.ident is None:
+                closer.start()
+                closer.join()
+            return HotState.pools.__get__(self)  # type: ignore[attr-defined, no-any-return]
+
+        @pools.setter
+        def pools(self, value: list[list[object]]) -> None:
+            HotState.pools.__set__(self, value)  # type: ignore[attr-defined]
+
+    rec.hot = ReadSlowly(**{name: getattr(rec.hot, name) for name in HotState.__slots__})
+    record.set_recorder(None, rec)  # recording off; the C path reads rec.hot now
+    if closer.ident is None:  # the Python path reads no state to switch
+        closer.start()
+        closer.join()
+    assert [e["name"] for e in check(gputrace.trace_dict())] == ["held"]
+
+
+def test_threads_recording_while_recording_is_switched_on_and_off() -> None:
+    # In a child: a crash here would take the test run with it.
+    r = run_py(
+        """
+import sys, threading
+import gputrace
+from gputrace import record
+sys.setswitchinterval(1e-6)
+errors = []
+threading.excepthook = lambda a: errors.append(a.exc_value)
+gputrace.enable(cuda=False)
+stop = False
+def work():
+    while not stop:
+        outer = gputrace.span("outer").start()
+        with gputrace.span("inner"):
+            pass
+        outer.end()
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads:
+    t.start()
+for _ in range(2000):
+    gputrace.disable()
+    gputrace.enable(cuda=False)
+stop = True
+for t in threads:
+    t.join()
+assert not errors, errors
+assert record.ACTIVE.open_spans() == []
+spans = [e for e in gputrace.trace_dict()["traceEvents"] if e["ph"] == "X"]
+assert spans, "nothing recorded"
+print("ok", len(spans))
+""",
+        env={"PYTHONWARNINGS": "ignore"},
+    )
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
