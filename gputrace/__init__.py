@@ -39,9 +39,9 @@ _EXPORTS = {
     "Span": "gputrace.record",
     "TimerType": "gputrace.record",
     "span": "gputrace.record",
-    "TimerRecord": "gputrace.timer",
-    "Timers": "gputrace.timer",
-    "timer": "gputrace.timer",
+    "TimerRecord": "gputrace._timer",
+    "Timers": "gputrace._timer",
+    "timer": "gputrace._timer",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
