@@ -2,16 +2,46 @@
 
 Takes: torch.distributed (when initialised), the torchrun environment, or an explicit option.
 Gives: `RankInfo` (rank, world size, and where they came from) for every trace, and
-`sync_clocks()`, this rank's host clock offset against rank 0 with its error bar.
+`sync_clocks()`, this rank's host clock offset against rank 0 with its error bar and, where the
+ranks record on GPUs joined by NCCL, the offset of this rank's device events refined on the
+GPUs themselves.
+
+How the host offsets are found, at any scale:
+- Ranks on one host read one CLOCK_MONOTONIC, and each turns it into epoch ns through its own
+  realtime-minus-monotonic offset (`HostClock.epoch_offset_ns`). Between two of them the offset
+  is therefore the difference of those two numbers, exactly: no message needs to cross. One
+  all_gather_object gives every rank every rank's host identity and epoch offset.
+- One leader per host (its lowest rank) measures against rank 0's host by ping-pong (NTP's
+  rule: keep the least round trip, the answer is off by at most half of it). The leaders do it in
+  a binomial tree: in round k, each leader that already knows its offset answers the leader 2^k
+  places after it, so H hosts need ceil(log2 H) rounds, all pairs of a round at once, instead of
+  H - 1 exchanges one after the other through rank 0. A leader's error bar is its own half round
+  trip plus that of the leader that answered it (errors add along the path).
+- The other ranks of a host take their leader's offset plus the exact same-host difference,
+  with the leader's error bar.
+
+How the device offsets are refined (NCCL): the error that is left between two GPUs' spans lies in
+each rank's device-to-host anchors, not in the host clocks. A tiny all-reduce ends on every GPU
+at nearly the same moment, so its end events, mapped to host time through the rank's own anchors
+exactly as its spans are, show that error directly. See `_device_probe`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
+import statistics
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gputrace.errors import ConfigError
+
+# A test seam: ranks whose environment gives different values here act as different hosts (and
+# exchange messages), ranks with the same value as one host. Unset, the host is recognised by its
+# hostname, its boot id and its time namespace.
+HOST_ID_ENV = "GPUTRACE_HOST_ID"
 
 
 @dataclass(frozen=True)
@@ -62,16 +92,42 @@ def _env_int(name: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class DeviceSync:
+    """This rank's device events against rank 0's: rank 0's time = ours + `offset_ns` for an
+    event on this rank's GPU, within +- `error_ns`, measured at `at_ns` (our epoch ns) from
+    `probes` tiny all-reduces. `spread_ns` is half the range of the per-batch estimates (how
+    much the anchors moved between batches); `batches` keeps each batch's estimate and bounds."""
+
+    at_ns: int
+    offset_ns: int
+    error_ns: int
+    probes: int
+    spread_ns: int
+    method: str = "all-reduce ends"
+    batches: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class ClockSync:
     """This rank's host clock against rank 0's: rank 0's time = ours + `offset_ns`, within
-    +- `error_ns` (half the least round trip of `exchanges` ping-pongs), measured at `at_ns`
-    (our epoch ns)."""
+    +- `error_ns`, measured at `at_ns` (our epoch ns).
+
+    `method`: "reference" (rank 0 itself), "exchange" (this rank led its host's ping-pong:
+    `round_trip_ns` is its least round trip of `exchanges`, `hops` the exchanges between its host
+    and rank 0's), or "same host" (derived exactly from `leader`, which shares this rank's host
+    clock, and carrying the leader's error bar). `device`: the refinement for this rank's device
+    events, when the ranks record on GPUs joined by NCCL."""
 
     at_ns: int
     offset_ns: int
     error_ns: int
     round_trip_ns: int
     exchanges: int
+    method: str = "exchange"
+    leader: int | None = None
+    hops: int = 0
+    hosts: int = 1
+    device: DeviceSync | None = None
 
 
 _gloo_groups: dict[int, object] = {}
@@ -90,12 +146,60 @@ def _gloo_group(dist, group):  # type: ignore[no-untyped-def]
     return _gloo_groups[key]
 
 
-def sync_clocks(clock, group=None, exchanges: int = 16) -> ClockSync | None:  # type: ignore[no-untyped-def]
-    """Estimate this rank's host clock offset against rank 0 by ping-pong through
-    torch.distributed; every rank of `group` must call it. Rank 0 answers the others in turn
-    and gets offset 0. The exchange with the least round trip wins (NTP's rule): the reply was
-    stamped by rank 0 somewhere inside that round trip, so the midpoint is off by at most half
-    of it. Returns None when torch.distributed is not initialised."""
+def host_identity() -> str:
+    """What makes two processes share a host clock: the same kernel (hostname and boot id) and
+    the same time namespace (which can move CLOCK_MONOTONIC). `GPUTRACE_HOST_ID` overrides it
+    (a test seam: it lets processes of one machine play several hosts)."""
+    override = os.environ.get(HOST_ID_ENV)
+    if override:
+        return override
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/timens_offsets"):
+        try:
+            with open(path) as f:
+                parts.append(" ".join(f.read().split()))
+        except OSError:
+            pass
+    return "|".join(parts)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Who leads which host, from every rank's (host identity, epoch offset)."""
+
+    leaders: list[int]  # global ranks, rank 0's host first, then in rank order
+    leader_of: dict[int, int]  # global rank -> its host's leader
+    epoch_offset: dict[int, int]  # global rank -> HostClock.epoch_offset_ns
+
+
+def plan_hosts(ranks: list[int], table: list[tuple[str, int]]) -> HostPlan:
+    """`table[i]` is (host identity, epoch offset) of `ranks[i]`; the lowest rank of each host
+    leads it, and the leaders are ordered as their ranks are in the group (so the group's first
+    rank leads the first host)."""
+    first: dict[str, int] = {}
+    leader_of: dict[int, int] = {}
+    for rank, (ident, _) in zip(ranks, table):
+        leader_of[rank] = first.setdefault(ident, rank)
+    return HostPlan(list(first.values()), leader_of, {r: int(t[1]) for r, t in zip(ranks, table)})
+
+
+def tree_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """The binomial tree over `n` leaders (indices; 0 is the reference): round k pairs each
+    index j < 2^k that already knows its offset with j + 2^k. Every pair of a round runs at once."""
+    rounds = []
+    step = 1
+    while step < n:
+        rounds.append([(j, j + step) for j in range(step) if j + step < n])
+        step *= 2
+    return rounds
+
+
+def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) -> ClockSync | None:  # type: ignore[no-untyped-def]
+    """Estimate this rank's host clock offset against rank 0 (the group's first rank) through
+    torch.distributed; every rank of `group` must call it. Ranks that share a host share one
+    exchange (see the module's docstring). Then, if every rank records on a GPU and `group`
+    is NCCL, each rank's device offset is refined with `device_probes` tiny all-reduces per
+    batch. Returns None when torch.distributed is not initialised."""
     dist = _dist()
     if dist is None:
         return None
@@ -105,25 +209,174 @@ def sync_clocks(clock, group=None, exchanges: int = 16) -> ClockSync | None:  # 
     me = dist.get_rank()
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
     root = ranks[0]
-    buf = torch.zeros(1, dtype=torch.int64)
-    if me == root:
-        for r in ranks[1:]:
-            for _ in range(exchanges):
-                dist.recv(buf, src=r, group=g)
-                buf[0] = clock.now()
-                dist.send(buf, dst=r, group=g)
-        now = clock.now()
-        return ClockSync(now, 0, 0, 0, 0)
+    probe_dev = _probe_device(dist, group) if device_probes > 0 else None
+    table: list[Any] = [None] * len(ranks)
+    dist.all_gather_object(table, (host_identity(), clock.epoch_offset_ns, probe_dev is not None), group=g)
+    plan = plan_hosts(ranks, [(t[0], t[1]) for t in table])
+    leader = plan.leader_of[me]
+    hosts = len(plan.leaders)
+    buf = torch.zeros(5, dtype=torch.int64)
+    if me == leader:
+        at, offset, error, rtt, hops = _lead(dist, g, clock, plan.leaders, me, exchanges, buf)
+        result = ClockSync(at, offset, error, rtt, exchanges if me != root else 0, "exchange", me, hops, hosts)
+        if me == root:
+            result = dataclasses.replace(result, method="reference")
+        if leader != plan.leader_of[root]:
+            buf[:] = torch.tensor([at, offset, error, rtt, hops])
+            for r in ranks:
+                if r != me and plan.leader_of[r] == me:
+                    dist.send(buf, dst=r, group=g)
+    else:
+        if leader == plan.leader_of[root]:
+            # Rank 0's own host: its offset is 0 by definition, nothing to wait for.
+            buf.zero_()
+        else:
+            dist.recv(buf, src=leader, group=g)
+        at, offset, error, rtt, hops = (int(x) for x in buf)
+        same_host = plan.epoch_offset[leader] - clock.epoch_offset_ns  # leader's time = ours + this
+        at = at - same_host if at else clock.now()
+        result = ClockSync(at, offset + same_host, error, rtt, 0, "same host", leader, hops, hosts)
+    if all(t[2] for t in table):
+        result = dataclasses.replace(result, device=_device_probe(dist, group, g, ranks, result, device_probes))
+    return result
+
+
+def _lead(dist, g, clock, leaders: list[int], me: int, exchanges: int, buf) -> tuple[int, int, int, int, int]:  # type: ignore[no-untyped-def]
+    """This leader's part of the binomial tree: be answered once (unless it is the reference),
+    then answer its later partners. Returns (at, offset, error, round trip, hops)."""
+    i = leaders.index(me)
+    at, offset, error, rtt, hops = clock.now(), 0, 0, 0, 0
+    for pairs in tree_rounds(len(leaders)):
+        for server, client in pairs:
+            if client == i:
+                at, rtt, to_server = _ping(dist, g, clock, leaders[server], exchanges, buf)
+                dist.recv(buf, src=leaders[server], group=g)  # the server's own offset and error
+                offset, error, hops = to_server + int(buf[0]), (rtt + 1) // 2 + int(buf[1]), int(buf[2]) + 1
+            elif server == i:
+                _answer(dist, g, clock, leaders[client], exchanges, buf)
+                buf[0], buf[1], buf[2] = offset, error, hops
+                dist.send(buf, dst=leaders[client], group=g)
+    return at, offset, error, rtt, hops
+
+
+def _ping(dist, g, clock, server: int, exchanges: int, buf) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """NTP's exchange with `server`: (when, least round trip, server's time - ours)."""
     best: tuple[int, int, int] | None = None  # (round trip, offset, at)
-    for _ in range(exchanges):
+    for _ in range(max(1, exchanges)):
         t0 = clock.now()
-        dist.send(buf, dst=root, group=g)
-        dist.recv(buf, src=root, group=g)
+        dist.send(buf, dst=server, group=g)
+        dist.recv(buf, src=server, group=g)
         t2 = clock.now()
-        remote = int(buf[0])
         rtt = t2 - t0
         if best is None or rtt < best[0]:
-            best = (rtt, remote - (t0 + t2) // 2, (t0 + t2) // 2)
+            best = (rtt, int(buf[0]) - (t0 + t2) // 2, (t0 + t2) // 2)
     assert best is not None
-    rtt, offset, at = best
-    return ClockSync(at, offset, (rtt + 1) // 2, rtt, exchanges)
+    return best[2], best[0], best[1]
+
+
+def _answer(dist, g, clock, client: int, exchanges: int, buf) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(max(1, exchanges)):
+        dist.recv(buf, src=client, group=g)
+        buf[0] = clock.now()
+        dist.send(buf, dst=client, group=g)
+
+
+# ---- device refinement ---------------------------------------------------------------------------
+
+
+def _probe_device(dist, group) -> int | None:  # type: ignore[no-untyped-def]
+    """The GPU this rank records on, if the device refinement can run here: recording is on with
+    a CUDA device and `group` reduces CUDA tensors in place on the GPUs (NCCL)."""
+    from gputrace import record
+
+    rec = record.ACTIVE
+    if rec is None or rec.device is None:
+        return None
+    try:
+        if "nccl" not in str(dist.get_backend(group)):
+            return None
+    except (RuntimeError, ValueError):
+        return None
+    torch = sys.modules["torch"]
+    return int(torch.cuda.current_device())
+
+
+# Batches of probes, each mapped through an anchor of its own; "busy" batches take that anchor
+# while the GPU runs a kernel, the way flush() takes its anchors in a training loop.
+_BATCHES = ("idle", "busy", "idle", "busy")
+_LATE_CYCLES = 40_000  # ~20 us at H200 clocks: the late side of a probe arrives clearly last
+_AHEAD_CYCLES = 4_000_000  # ~2 ms: the host queues a whole batch before the GPU reaches it
+
+
+def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: int) -> DeviceSync | None:  # type: ignore[no-untyped-def]
+    """Refine this rank's offset for its device events with tiny all-reduces on `group`.
+
+    Each probe is a start event, a one-element all-reduce and an end event on the current
+    stream, queued behind a sleep kernel so that they run back to back on the GPU. Both events
+    are mapped to host epoch ns through this rank's anchors exactly as its spans are, and moved
+    by the host offset. Two facts bound rank 0's offset theta for our device events:
+    - an all-reduce cannot end on any GPU before every GPU has started it, so
+      theta >= start_0 - end_r and theta <= end_0 - start_r;
+    - it ends on all GPUs at nearly the same moment, so theta ~ end_0 - end_r.
+    Odd probes make rank 0 arrive last (a short sleep first), even probes every other rank, so
+    both bounds are tight on some probe. Per batch: the median of end_0 - end_r, clamped into the
+    bounds; the estimate is the median of the batches, and its error bar reaches from it to the
+    farthest bound of any batch (batches with their own anchors show how much anchors move)."""
+    from gputrace import record
+
+    torch = sys.modules["torch"]
+    rec = record.ACTIVE
+    dev = torch.cuda.current_device()
+    me, root = dist.get_rank(), ranks[0]
+    stream = torch.cuda.current_stream(dev)
+    x = torch.zeros(1, device=dev)
+    dist.all_reduce(x, group=group)  # the communicator may be built lazily: not in the probes
+    stream.synchronize()
+    batches: list[list[tuple[int, int]]] = []
+    for kind in _BATCHES:
+        with rec._lock:
+            tl = rec.timelines[dev]
+            if not tl.anchors:
+                rec._anchor(dev)
+            first = len(tl.anchors) - 1
+        torch.cuda._sleep(_AHEAD_CYCLES)
+        events = []
+        for i in range(per_batch):
+            if (i % 2 == 1) == (me == root):
+                torch.cuda._sleep(_LATE_CYCLES)
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            s.record(stream)
+            dist.all_reduce(x, group=group)
+            e.record(stream)
+            events.append((s, e))
+        if kind == "busy":
+            torch.cuda._sleep(_AHEAD_CYCLES // 8)  # still running when the anchor is taken
+        events[-1][1].synchronize()
+        with rec._lock:
+            rec._anchor(dev)
+            batches.append([(_to_host(tl, s, first), _to_host(tl, e, first)) for s, e in events])
+        stream.synchronize()
+    box = [batches if me == root else None]
+    dist.broadcast_object_list(box, src=root, group=g)
+    ref: list[list[tuple[int, int]]] = box[0]  # type: ignore[assignment]
+    n = per_batch * len(batches)
+    if me == root:
+        return DeviceSync(host.at_ns, 0, 0, n, 0)
+    summaries = []
+    for kind, theirs, ours in zip(_BATCHES, ref, batches):
+        lo = max(s0 - e1 for (s0, _), (_, e1) in zip(theirs, ours))
+        hi = min(e0 - s1 for (_, e0), (s1, _) in zip(theirs, ours))
+        mid = int(statistics.median(e0 - e1 for (_, e0), (_, e1) in zip(theirs, ours)))
+        summaries.append({"anchor": kind, "offset_ns": min(max(mid, lo), hi), "lo_ns": lo, "hi_ns": hi})
+    offsets = [b["offset_ns"] for b in summaries]
+    estimate = int(statistics.median(offsets))
+    error = max(max(estimate - b["lo_ns"], b["hi_ns"] - estimate) for b in summaries)
+    spread = (max(offsets) - min(offsets) + 1) // 2
+    return DeviceSync(host.at_ns, estimate, error, n, spread, batches=tuple(summaries))
+
+
+def _to_host(tl, event, first: int) -> int:  # type: ignore[no-untyped-def]
+    located = tl.locate(event, first)
+    assert located is not None, "a probe event after the anchor taken behind it"
+    return int(tl.to_host_ns(*located))

@@ -1,8 +1,17 @@
-"""One rank of the multi-process tests: run as `python -m tests.dist_worker OUT SHIFT_NS`
-with the torchrun variables set."""
+"""One rank of the multi-process tests, with the torchrun variables set.
+
+`python -m tests.dist_worker OUT SHIFT_NS`: a short recorded job (rank 1 is a straggler and,
+with SHIFT_NS, plays a host whose clock is that far ahead), saved into OUT.
+
+`python -m tests.dist_worker sync SHIFT_NS`: clock syncs only. With `GPUTRACE_HOST_ID` set, the
+rank plays that host, and a host named `shifted...` has its clock SHIFT_NS ahead (every rank of
+it alike, as one host clock). Prints the syncs as one JSON line.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 
@@ -11,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import gputrace
+from gputrace import api
 from gputrace.clock import HostClock
 
 
@@ -34,5 +44,23 @@ def main(out: str, shift_ns: int) -> None:
     dist.destroy_process_group()
 
 
+def sync_only(shift_ns: int) -> None:
+    dist.init_process_group("gloo")
+    if os.environ.get("GPUTRACE_HOST_ID", "").startswith("shifted"):
+        gputrace.set_host_clock(HostClock(shift_ns=shift_ns))
+    gputrace.enable(cuda=False)
+    syncs = [gputrace.sync_clocks(exchanges=8) for _ in range(2)]
+    line = {
+        "rank": dist.get_rank(),
+        "epoch_offset_ns": api.host_clock().epoch_offset_ns,
+        "syncs": [dataclasses.asdict(s) for s in syncs if s is not None],
+    }
+    print(orjson.dumps(line).decode(), flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1] == "sync":
+        sync_only(int(sys.argv[2]))
+    else:
+        main(sys.argv[1], int(sys.argv[2]))

@@ -66,8 +66,9 @@ def test_on_one_host_the_offset_is_zero_within_its_error_bar(plain) -> None:  # 
     _, results = plain
     for key in ("first", "second"):
         s = results[1][key]
-        assert abs(s["offset_ns"]) <= s["error_ns"], s
-        assert s["error_ns"] < 5_000_000
+        # One host, one CLOCK_MONOTONIC: derived from the two realtime offsets, with no exchange.
+        assert s["method"] == "same host" and s["error_ns"] == 0, s
+        assert abs(s["offset_ns"]) < 100_000
     assert results[0]["first"]["offset_ns"] == 0
 
 
@@ -75,7 +76,8 @@ def test_a_shifted_clock_is_recovered_within_its_error_bar(shifted) -> None:  # 
     _, results = shifted
     for key in ("first", "second"):
         s = results[1][key]
-        assert abs(s["offset_ns"] - (-SHIFT)) <= s["error_ns"], s
+        # Exact up to how differently the two processes read their realtime offsets at start.
+        assert abs(s["offset_ns"] - (-SHIFT)) <= s["error_ns"] + 100_000, s
 
 
 def all_reduce_ends(trace: dict) -> dict[int, list[int]]:
@@ -93,7 +95,9 @@ def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if x.startswith("rank 1: offset "))
     shown_us, shown_err_us = float(line.split()[3]), float(line.split()[6])
-    assert abs(shown_us * 1000 + SHIFT) <= shown_err_us * 1000 + 100, line
+    # Ranks of one host are aligned exactly from their realtime offsets (error 0), which the two
+    # processes read at start a few nanoseconds apart: the truth is SHIFT up to that.
+    assert abs(shown_us * 1000 + SHIFT) <= shown_err_us * 1000 + 100_000, line
     assert CliRunner().invoke(main, ["merge", str(out), "-o", str(raw), "--align", "none", "-q"]).exit_code == 0
     merged = read_trace(str(aligned))
     err = results[1]["first"]["error_ns"]
@@ -106,7 +110,7 @@ def test_merge_aligns_collectives_with_the_measured_offsets(shifted, tmp_path) -
     assert statistics.median(raw_gaps) > SHIFT - 5_000_000, raw_gaps
     assert statistics.median(gaps) < statistics.median(raw_gaps) / 10
     meta = merged["metadata"]["alignment"]["per_rank"]["1"]
-    assert abs(meta["offset_ns"] + SHIFT) <= meta["error_ns"] + 1
+    assert abs(meta["offset_ns"] + SHIFT) <= meta["error_ns"] + 100_000
     names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
     assert {n.split(" (")[0] for n in names} == {"rank 0", "rank 1"}
     assert sorted({e["pid"] for e in merged["traceEvents"]}) == [1, 2]
