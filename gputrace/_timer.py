@@ -1,4 +1,6 @@
-"""A nanotron-compatible timer facade over the same recorder.
+"""A nanotron-compatible timer facade over the same recorder (public as `gputrace.timer`,
+`gputrace.Timers`, `gputrace.TimerRecord`; this module's name is private so that importing it
+can never put a module where `gputrace.timer` should be).
 
 Takes: `timer("name", timer_type=TimerType.CUDA, cuda_sync=False)` used as a context manager,
 a decorator (every form, `@timer("name")` included) or `.start()`/`.end()`.
@@ -11,11 +13,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
-from gputrace import api, record
+from gputrace import record, session
 from gputrace.dist import rank_info
-from gputrace.record import OptSpan, Span, TimerType, warn_once
+from gputrace.record import OptSpan, PyOptSpan, TimerType, warn_once
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Logger(Protocol):
+    """Anything with `info(str)`: a `logging.Logger`, a `LoggerAdapter`, ..."""
+
+    def info(self, msg: str, /) -> Any: ...
+
+
+def _hint_if_never_recorded() -> None:
+    """Timers used while recording was never on measure nothing; say so once, as values are
+    read or logged (a warning: the library never prints)."""
+    if record.ACTIVE is None and record.LAZY is None:
+        warn_once(
+            "timers-never-recorded",
+            "gputrace timers are read but recording was never turned on, so they measured nothing: "
+            "call gputrace.enable() (or set GPUTRACE=1 or ENABLE_TIMERS=1) before the timed code",
+            stacklevel=4,
+        )
 
 
 class TimerRecord:
@@ -26,13 +48,14 @@ class TimerRecord:
         self.timer_type = timer_type
         self.cuda_sync = cuda_sync
         self.call_count = 0
-        self._running: list[Span] = []
+        self._running: list[PyOptSpan] = []
         self._total_ns = 0
         self._last_ns = 0
         self._resolved = 0
 
     # -- recording --
     def start(self) -> TimerRecord:
+        """Start one call of the timer; pair with `.end()`."""
         rec = record.current()
         if rec is not None:
             s = OptSpan(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
@@ -42,6 +65,7 @@ class TimerRecord:
         return self
 
     def end(self) -> None:
+        """End the innermost running call."""
         if not self._running:
             if record.RECORDER is not None:
                 warn_once(f"timer-not-running:{self.name}", f"timer {self.name!r} ended but not running; ignored")
@@ -53,18 +77,18 @@ class TimerRecord:
     def __enter__(self) -> TimerRecord:
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc_type is not None and self._running:
             self._running[-1].error = exc_type.__name__
         self.end()
 
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
         def timed(*a: Any, **k: Any) -> Any:
             with self:
                 return fn(*a, **k)
 
-        return timed
+        return timed  # type: ignore[return-value]
 
     def add_ns(self, ns: int) -> None:
         """Called by the resolver for each finished span of this timer."""
@@ -80,16 +104,21 @@ class TimerRecord:
     @property
     def elapsed(self) -> float:
         """Seconds of the last finished call."""
+        _hint_if_never_recorded()
         self._settle()
         return self._last_ns / 1e9
 
     @property
     def total_time(self) -> float:
+        """Seconds of every finished call together."""
+        _hint_if_never_recorded()
         self._settle()
         return self._total_ns / 1e9
 
     @property
     def average_time(self) -> float:
+        """Seconds per finished call (0.0 before the first)."""
+        _hint_if_never_recorded()
         self._settle()
         return self._total_ns / self._resolved / 1e9 if self._resolved else 0.0
 
@@ -98,20 +127,32 @@ class TimerRecord:
         return bool(self._running)
 
     def reset(self) -> None:
+        """Forget the totals (running calls keep running)."""
         self.call_count = self._total_ns = self._last_ns = self._resolved = 0
 
     def summary(self) -> str:
+        """One line: total, average and calls."""
+        self._settle()
+        avg = self._total_ns / self._resolved / 1e6 if self._resolved else 0.0
         return (
-            f"Timer '{self.name}' ({self.timer_type.value}): {self.total_time * 1e3:.2f}ms total, "
-            f"{self.average_time * 1e3:.2f}ms avg, {self.call_count} calls"
+            f"Timer '{self.name}' ({self.timer_type.value}): {self._total_ns / 1e6:.2f}ms total, "
+            f"{avg:.2f}ms avg, {self.call_count} calls"
         )
 
 
 class Timers:
-    """`timer`: one `TimerRecord` per name."""
+    """`gputrace.timer`: one `TimerRecord` per name."""
 
     def __init__(self) -> None:
         self._timers: dict[str, TimerRecord] = {}
+
+    @overload
+    def __call__(
+        self, name: str, timer_type: TimerType | str | None = None, cuda_sync: bool = False
+    ) -> TimerRecord: ...
+
+    @overload
+    def __call__(self, name: F) -> F: ...
 
     def __call__(self, name: Any, timer_type: TimerType | str | None = None, cuda_sync: bool = False) -> Any:
         """The timer called `name` (made on first use; CUDA unless `timer_type` says CPU)."""
@@ -137,13 +178,16 @@ class Timers:
         return name in self._timers
 
     def enable(self, **options: Any) -> None:
-        api.enable(**options)
+        """`gputrace.enable(**options)`."""
+        session.enable(**options)
 
     def disable(self) -> None:
-        api.disable()
+        """`gputrace.disable()`."""
+        session.disable()
 
     def is_enabled(self) -> bool:
-        return api.is_enabled()
+        """`gputrace.is_enabled()`."""
+        return session.is_enabled()
 
     def reset(self, name: str | None = None) -> None:
         """Reset one timer, or all of them."""
@@ -153,15 +197,17 @@ class Timers:
     def reset_all(self) -> None:
         self.reset()
 
-    def log(self, name: str, logger: Any = None, rank: int | None = 0) -> None:
+    def log(self, name: str, logger: Logger | None = None, rank: int | None = 0) -> None:
         """Print (or `logger.info`) one timer's totals, on `rank` only (None: every rank)."""
+        _hint_if_never_recorded()
         t = self._timers.get(name)
         if t is None or t.call_count == 0 or not _on_rank(rank):
             return
         _emit(logger, t.summary())
 
-    def log_all(self, logger: Any = None, rank: int | None = None) -> None:
+    def log_all(self, logger: Logger | None = None, rank: int | None = None) -> None:
         """Print (or `logger.info`) every timer's totals, on `rank` only (None: every rank)."""
+        _hint_if_never_recorded()
         if not _on_rank(rank):
             return
         timers = [t for _, t in sorted(self._timers.items()) if t.call_count]
@@ -176,9 +222,9 @@ def _on_rank(rank: int | None) -> bool:
     return rank is None or rank_info().rank == rank
 
 
-def _emit(logger: Any, line: str) -> None:
+def _emit(logger: Logger | None, line: str) -> None:
     if logger is None:
-        print(line, flush=True)
+        print(line, flush=True)  # the one place the library prints: log() and log_all() were asked to
     else:
         logger.info(line)
 

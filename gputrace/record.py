@@ -227,11 +227,11 @@ def current() -> Recorder | None:
     return RECORDER
 
 
-def warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
     """Misuse is reported once per kind, never raised into the user's training loop."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, GputraceWarning, stacklevel=3)
+        warnings.warn(message, GputraceWarning, stacklevel=stacklevel)
 
 
 class Recorder:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import pkgutil
 
 import pytest
 
 import gputrace
 from gputrace import TimerType, timer
 
-from .conftest import install, spans_of
+from .conftest import install, run_py, spans_of
 from .fakes import FakeDevice
 
 MS = 1_000_000
@@ -92,7 +93,8 @@ def test_enable_disable_reset_and_no_values_while_off() -> None:
     assert not timer.is_enabled()
     with timer("off"):
         pass
-    assert timer("off").call_count == 0 and timer("off").total_time == 0.0
+    with pytest.warns(gputrace.GputraceWarning, match="recording was never turned on"):
+        assert timer("off").call_count == 0 and timer("off").total_time == 0.0
     timer.enable(cuda=False)
     assert timer.is_enabled() and gputrace.is_enabled()
     with timer("on"):
@@ -119,3 +121,54 @@ def test_cuda_sync_timers_synchronize_as_nanotron_does() -> None:
     with timer("synced", cuda_sync=True):
         fake.work(MS)
     assert fake.device_syncs == 2
+
+
+def test_no_module_of_the_package_is_named_like_a_public_name() -> None:
+    # `import gputrace.<module>` sets that attribute of the package to the module.
+    modules = {m.name for m in pkgutil.iter_modules(gputrace.__path__)}
+    assert not modules & set(gputrace.__all__)
+
+
+def test_the_public_timer_stays_the_timer_whatever_was_imported_before() -> None:
+    r = run_py(
+        """
+import importlib, pkgutil, types
+import gputrace
+for m in pkgutil.walk_packages(gputrace.__path__, "gputrace."):
+    if m.name != "gputrace.__main__":
+        importlib.import_module(m.name)
+from gputrace import timer
+from gputrace._timer import Timers
+shadowed = [n for n in gputrace.__all__ if isinstance(getattr(gputrace, n), types.ModuleType)]
+assert not shadowed, shadowed
+assert isinstance(timer, Timers), type(timer)
+gputrace.enable(cuda=False)
+with timer("fwd"):
+    pass
+assert gputrace.timer("fwd").call_count == 1
+print("ok")
+""",
+        env={"PYTHONWARNINGS": "ignore"},
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_timers_read_or_logged_while_recording_was_never_on_hint_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with timer("fwd"):
+        pass
+    with pytest.warns(gputrace.GputraceWarning, match="recording was never turned on") as seen:
+        assert timer("fwd").total_time == 0.0
+        assert timer("fwd").elapsed == 0.0
+        timer.log_all()
+        timer.log("fwd")
+    assert len(seen) == 1 and seen[0].filename == __file__  # points at the user's line
+    assert capsys.readouterr().out == ""  # nothing recorded: nothing to print
+
+
+def test_no_hint_once_recording_has_been_on() -> None:
+    gputrace.enable(cuda=False)
+    gputrace.disable()
+    with timer("fwd"):  # off now, but it was on: the user knows
+        pass
+    assert timer("fwd").total_time == 0.0  # GputraceWarning is an error in this suite
+    timer.log_all()
