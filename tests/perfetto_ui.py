@@ -47,7 +47,12 @@ POST_JS = """async ({trace, title}) => {
   const buffer = await (await fetch(trace)).arrayBuffer();
   const ui = window.perfettoUI;
   await new Promise((resolve) => {
-    const onMessage = (e) => { if (e.source === ui && e.data === 'PONG') { window.removeEventListener('message', onMessage); clearInterval(timer); resolve(); } };
+    const onMessage = (e) => {
+      if (e.source !== ui || e.data !== 'PONG') return;
+      window.removeEventListener('message', onMessage);
+      clearInterval(timer);
+      resolve();
+    };
     window.addEventListener('message', onMessage);
     const timer = setInterval(() => ui.postMessage('PING', '*'), 100);
   });

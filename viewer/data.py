@@ -1,0 +1,367 @@
+"""Traces -> the viewer's document, and the trace its timeline shows.
+
+Takes: trace files (merged on the fly with the same alignment as `gputrace merge`) or a `Trace`
+already in memory. Gives: `document()`, one JSON-ready dict that the page only draws:
+- the rank x step heatmap: per rank, arrays indexed by step of start, end, busy and wait ns, the
+  step's median busy time and the verdict on its slowest rank (rank, margin, called or not);
+- the collectives: every occurrence matched across ranks, in columns (step, name, ordinal, last
+  arrival and its margin), each rank's arrival, end and wait, and per rank the times it was last,
+  the wait it caused and the wait it suffered;
+- the span statistics, all ranks and per rank, each row with its slowest instance;
+- the notes and rules the numbers come with.
+Every number is computed by `gputrace.stats.summarize`, the code behind `gputrace summary`; the
+page does no statistics. Times are integer ns relative to `base_ns`, the instant the timeline's
+trace counts from (Perfetto's trace time in seconds is `(ns - base_ns) / 1e9`), so the page can
+turn any of them into a zoom of the embedded timeline.
+
+`timeline_trace()` encodes the trace for the Perfetto UI on that same base: whole when it is
+small enough for the UI to load, else the spans of a time window.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from gputrace import stats
+from gputrace.trace import chrome
+from gputrace.trace.model import Trace
+
+FORMAT = "gputrace-view/1"
+#: Above this many spans the Perfetto UI gets a time window of the trace, not the whole of it:
+#: ~120 bytes of JSON a span, and the UI struggles with JSON of a few hundred MB.
+TIMELINE_SPANS = 500_000
+
+STAT_COLUMNS = (
+    "name",
+    "count",
+    "total_ns",
+    "mean_ns",
+    "p50_ns",
+    "p90_ns",
+    "p99_ns",
+    "max_ns",
+    "ranks",
+    "min_rank",
+    "min_rank_total_ns",
+    "max_rank",
+    "max_rank_total_ns",
+    "imbalance",
+    "slowest_rank",
+    "slowest_start_ns",
+    "slowest_end_ns",
+)
+
+
+def load(
+    paths: Sequence[str],
+    *,
+    align: str = "clock",
+    ranks: Iterable[int] | None = None,
+    steps: tuple[int | None, int | None] | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    step_name: str = "step",
+    rank_from_filename: bool = False,
+) -> Trace:
+    """The named traces (files, directories, globs; per-rank or merged) as one `Trace`, aligned
+    as `gputrace merge` aligns them, restricted to a selection when one is given."""
+    from gputrace import merge
+
+    return merge.load(
+        list(paths),
+        align=align,
+        rank_from_filename=rank_from_filename,
+        ranks=ranks,
+        steps=steps,
+        window=window,
+        step_name=step_name,
+    )
+
+
+def document(
+    trace: Trace,
+    summary: stats.Summary | None = None,
+    *,
+    step: str = "step",
+    skip_steps: int = 0,
+    title: str | None = None,
+    inputs: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The viewer's document for `trace` (its summary computed here unless given)."""
+    if summary is None:
+        summary = stats.summarize(trace, step=step, skip_steps=skip_steps)
+    rng = trace.time_range()
+    base = rng[0] if rng else 0
+    ranks = list(summary.ranks)
+    slot = {r: i for i, r in enumerate(ranks)}
+    labels = []
+    for r in ranks:
+        try:
+            labels.append(trace.rank_process(r).label)
+        except KeyError:
+            labels.append(f"rank {r}")
+    inputs = [str(p) for p in inputs]
+    return {
+        "format": FORMAT,
+        "title": title or _title(inputs, ranks),
+        "inputs": inputs,
+        "ranks": ranks,
+        "labels": labels,
+        "base_ns": base,
+        "duration_ns": (rng[1] - rng[0]) if rng else 0,
+        "spans": len(trace.spans),
+        "step_name": step,
+        "steps": _steps(summary.steps, slot, base),
+        "collectives": _collectives(summary.collectives, slot, base),
+        "stats": {
+            "columns": list(STAT_COLUMNS),
+            "names": [_stat_row(r, base) for r in summary.names],
+            "by_rank": [[_stat_row(x, base) for x in summary.by_rank.get(r, ())] for r in ranks],
+        },
+        "counts": [_counts(summary.counts.get(r)) for r in ranks],
+        "notes": list(summary.notes),
+        "alignment": _alignment(trace, ranks),
+        "timeline": _timeline(trace, summary.steps, base),
+    }
+
+
+def _timeline(trace: Trace, st: stats.Steps | None, base: int) -> dict[str, Any]:
+    """What the timeline loads first: the whole trace when the UI can hold it, else a window (the
+    first steps, or the first spans) that it can."""
+    whole = len(trace.spans) <= TIMELINE_SPANS
+    out: dict[str, Any] = {"base_ns": base, "whole": whole, "limit": TIMELINE_SPANS, "initial": None}
+    if whole or not len(trace.spans):
+        return out
+    if st is not None and st.count and st.start_ns:
+        last = min(st.count, 3) - 1
+        lo = min(v[0] for v in st.start_ns.values())
+        hi = max(v[last] for v in st.end_ns.values())
+    else:
+        rng = trace.time_range()
+        lo, hi = base, rng[1] if rng else base + 1
+    lo, hi = fit_window(trace, lo, max(hi, lo + 1))
+    out["initial"] = [lo - base, hi - base]
+    return out
+
+
+def _title(inputs: list[str], ranks: list[int]) -> str:
+    where = os.path.commonpath([os.path.abspath(p) for p in inputs]) if inputs else ""
+    shown = os.path.basename(where) if where else "trace"
+    return f"{shown}: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+
+
+def _num(x: float) -> float | None:
+    # JSON has no infinity: an imbalance against a zero total is written as null ("no least").
+    return x if math.isfinite(x) else None
+
+
+def _rel(values: Sequence[int], base: int) -> list[int]:
+    return [v - base for v in values]
+
+
+def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str, Any] | None:
+    if st is None:
+        return None
+    n = len(slot)
+
+    def per_slot(d: dict[int, list[int]], rel: bool) -> list[list[int] | None]:
+        out: list[list[int] | None] = [None] * n
+        for r, v in d.items():
+            if r in slot:
+                out[slot[r]] = _rel(v[: st.count], base) if rel else list(v[: st.count])
+        return out
+
+    verdicts = st.verdicts[: st.count]
+    return {
+        "name": st.name,
+        "skipped": st.skipped,
+        "count": st.count,
+        "first": st.number(0),  # the number of step index 0 (skipped steps counted)
+        "rule": st.rule,
+        "start": per_slot(st.start_ns, True),
+        "end": per_slot(st.end_ns, True),
+        "busy": per_slot(st.busy_ns, False),
+        "wait": per_slot(st.wait_ns, False),
+        "median": list(st.median_busy_ns[: st.count]),
+        "verdict": {
+            "slot": [slot.get(v.rank, -1) for v in verdicts],
+            "margin_ns": [v.margin_ns for v in verdicts],
+            "margin_pct": [_num(v.margin_pct) for v in verdicts],
+            "noise_ns": [v.noise_ns for v in verdicts],
+            "called": [1 if v.called else 0 for v in verdicts],
+        },
+        "times_slowest": [st.times_slowest.get(r, 0) for r in slot],
+    }
+
+
+def _collectives(co: stats.Collectives | None, slot: dict[int, int], base: int) -> dict[str, Any] | None:
+    if co is None:
+        return None
+    n = len(slot)
+    names: list[str] = []
+    name_index: dict[str, int] = {}
+    m = len(co.occurrences)
+    arrival: list[list[int | None]] = [[None] * m for _ in range(n)]
+    end: list[list[int | None]] = [[None] * m for _ in range(n)]
+    wait: list[list[int | None]] = [[None] * m for _ in range(n)]
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in ("name", "step", "ordinal", "last_slot", "last_margin_ns", "last_called", "first", "last", "max_wait")
+    }
+    for j, o in enumerate(co.occurrences):
+        k = name_index.get(o.name)
+        if k is None:
+            k = name_index[o.name] = len(names)
+            names.append(o.name)
+        for r, t in o.arrivals.items():
+            if r in slot:
+                arrival[slot[r]][j] = t - base
+        for r, t in o.ends.items():
+            if r in slot:
+                end[slot[r]][j] = t - base
+        for r, w in o.waits_ns.items():
+            if r in slot:
+                wait[slot[r]][j] = w
+        cols["name"].append(k)
+        cols["step"].append(o.step)
+        cols["ordinal"].append(o.ordinal)
+        cols["last_slot"].append(slot.get(o.last_rank, -1))
+        cols["last_margin_ns"].append(o.last_margin_ns)
+        cols["last_called"].append(1 if o.last_called else 0)
+        cols["first"].append(min(o.arrivals.values()) - base)
+        cols["last"].append(max(o.ends.values()) - base)
+        cols["max_wait"].append(max(o.waits_ns.values()) if o.waits_ns else 0)
+    per = {r: co.per_rank.get(r) for r in slot}
+    return {
+        "rule": co.rule,
+        "names": names,
+        "count": m,
+        **cols,
+        "arrival": arrival,
+        "end": end,
+        "wait": wait,
+        "per_rank": {
+            "times_last": [c.times_last if c else 0 for c in per.values()],
+            "times_last_within_noise": [c.times_last_within_noise if c else 0 for c in per.values()],
+            "wait_caused_ns": [c.wait_caused_ns if c else 0 for c in per.values()],
+            "wait_suffered_ns": [c.wait_suffered_ns if c else 0 for c in per.values()],
+        },
+    }
+
+
+def _stat_row(r: stats.NameStats, base: int) -> list[Any]:
+    return [
+        r.name,
+        r.count,
+        r.total_ns,
+        r.mean_ns,
+        r.p50_ns,
+        r.p90_ns,
+        r.p99_ns,
+        r.max_ns,
+        r.ranks,
+        r.min_rank,
+        r.min_rank_total_ns,
+        r.max_rank,
+        r.max_rank_total_ns,
+        _num(r.imbalance),
+        r.slowest.rank,
+        r.slowest.start_ns - base,
+        r.slowest.end_ns - base,
+    ]
+
+
+def _counts(c: Any) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "spans": c.spans,
+        "unfinished": c.unfinished,
+        "dropped": c.dropped,
+        "skipped_in_capture": c.skipped_in_capture,
+        "warmup": c.warmup,
+    }
+
+
+def _alignment(trace: Trace, ranks: list[int]) -> dict[str, Any] | None:
+    al = trace.metadata.get("alignment")
+    if not isinstance(al, dict):
+        return None
+    per = al.get("per_rank") if isinstance(al.get("per_rank"), dict) else {}
+    out = []
+    for r in ranks:
+        a = per.get(str(r), per.get(r))
+        if isinstance(a, dict):
+            out.append({"offset_ns": a.get("offset_ns"), "error_ns": a.get("error_ns"), "notes": a.get("notes") or []})
+        else:
+            out.append(None)
+    return {"method": al.get("method"), "per_rank": out}
+
+
+# ---- the timeline's trace ---------------------------------------------------------------------
+
+
+def timeline_trace(trace: Trace, base_ns: int, start_ns: int | None = None, end_ns: int | None = None) -> bytes:
+    """The trace as Chrome JSON for the Perfetto UI, its `ts` counted from `base_ns`: the whole
+    trace, or the spans and samples that meet [start_ns, end_ns) (absolute ns)."""
+    if start_ns is None and end_ns is None:
+        return chrome.encode(trace, base_ns)
+    lo = base_ns if start_ns is None else max(start_ns, base_ns)
+    hi = (1 << 62) if end_ns is None else end_ns
+    return chrome.encode(window(trace, lo, hi), base_ns)
+
+
+def iter_timeline_trace(trace: Trace, base_ns: int) -> Iterator[bytes]:
+    """The whole trace in pieces (a download of any size without holding it all in memory)."""
+    pieces = chrome.iter_encode(trace, base_ns)
+    last = b""
+    for piece in pieces:
+        if last:
+            yield last
+        last = piece
+    # Every event line ends with ",\n": the last one's comma makes way for the closing bracket.
+    yield last[:-2] + b"\n]}" if last.endswith(b",\n") else last + b"]}"
+
+
+def window(trace: Trace, start_ns: int, end_ns: int) -> Trace:
+    """The spans and counter samples of `trace` that meet [start_ns, end_ns), with every process
+    and track kept (so the timeline's tracks stay where they were)."""
+    out = Trace(dict(trace.metadata))
+    for p in trace.processes:
+        out.add_process(p)
+    for t in trace.tracks:
+        out.add_track(t)
+    out.names.extend(trace.names)
+    out._name_index.update(trace._name_index)
+    sp, dst = trace.spans, out.spans
+    rows = [i for i, (s, e) in enumerate(zip(sp.start, sp.end)) if _meets(s, e, start_ns, end_ns)]
+    dst.extend(
+        [sp.name[i] for i in rows],
+        [sp.track[i] for i in rows],
+        [sp.start[i] for i in rows],
+        [sp.end[i] for i in rows],
+        [sp.args[i] for i in rows],
+        [sp.cat[i] for i in rows],
+    )
+    c = trace.counters
+    for i, ts in enumerate(c.ts):
+        if start_ns <= ts < end_ns:
+            out.counters.append(c.track[i], ts, c.value[i])
+    return out
+
+
+def _meets(s: int, e: int, start_ns: int, end_ns: int) -> bool:
+    # [s, e) meets [start_ns, end_ns); a zero-length span counts where it stands.
+    return s < end_ns and (e > start_ns or s >= start_ns)
+
+
+def fit_window(trace: Trace, start_ns: int, end_ns: int, limit: int = TIMELINE_SPANS) -> tuple[int, int]:
+    """[start_ns, end_ns) narrowed, keeping its start, until at most `limit` spans meet it (a click
+    on a whole-run span of a huge trace still gets a timeline the UI can load)."""
+    sp = trace.spans
+    starts = sorted(s for s, e in zip(sp.start, sp.end) if _meets(s, e, start_ns, end_ns))
+    if len(starts) <= limit:
+        return start_ns, end_ns
+    return start_ns, max(starts[limit], start_ns + 1)

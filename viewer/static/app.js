@@ -1,0 +1,78 @@
+// The page: reads the document (inlined in an exported report, else from the server), fills the
+// header, and renders each view into its section. The views talk to the timeline through a bus.
+
+import * as collectives from "./collectives.js";
+import * as heatmap from "./heatmap.js";
+import * as stats from "./stats.js";
+import * as timeline from "./timeline.js";
+import { el, fmtCount, fmtNs, makeBus } from "./util.js";
+
+async function loadDocument() {
+  const inline = document.getElementById("gputrace-data");
+  if (inline) return JSON.parse(inline.textContent);
+  const res = await fetch("data.json");
+  if (!res.ok) throw new Error(`data.json: ${res.status} ${res.statusText}`);
+  return res.json();
+}
+
+function facts(doc) {
+  const parts = [`${doc.ranks.length} rank${doc.ranks.length === 1 ? "" : "s"}`];
+  if (doc.steps) parts.push(`${fmtCount(doc.steps.count)} steps of '${doc.steps.name}'${doc.steps.skipped ? ` (first ${doc.steps.skipped} skipped)` : ""}`);
+  parts.push(`${fmtCount(doc.spans)} spans`, fmtNs(doc.duration_ns));
+  const al = doc.alignment;
+  if (al && al.per_rank) {
+    const errs = al.per_rank.filter((a) => a && typeof a.error_ns === "number").map((a) => a.error_ns);
+    const method = al.method === "clock" ? "aligned by clock sync" : al.method === "none" ? "host clocks as recorded" : `aligned: ${al.method}`;
+    parts.push(errs.length ? `${method} (error bars up to ±${fmtNs(Math.max(...errs))})` : method);
+  }
+  return parts.join(" · ");
+}
+
+function tabs(doc) {
+  const views = [
+    ["heatmap", "Stragglers"],
+    ["collectives", "Collectives"],
+    ["stats", "Span statistics"],
+  ];
+  const bar = document.getElementById("tabs");
+  const buttons = views.map(([id, label]) =>
+    el("button", { type: "button", role: "tab", id: `tab-${id}`, "aria-controls": id, "data-testid": `tab-${id}`, text: label, onclick: () => show(id) }),
+  );
+  bar.replaceChildren(...buttons);
+  function show(id) {
+    for (const [v] of views) {
+      const on = v === id;
+      document.getElementById(v).hidden = !on;
+      document.getElementById(`tab-${v}`).setAttribute("aria-selected", on ? "true" : "false");
+    }
+    const section = document.getElementById(id);
+    if (section.redraw) section.redraw();
+  }
+  show("heatmap");
+}
+
+async function main() {
+  let doc;
+  try {
+    doc = await loadDocument();
+  } catch (err) {
+    document.getElementById("facts").textContent = `could not read the viewer's data: ${err.message}`;
+    return;
+  }
+  document.title = `gputrace · ${doc.title}`;
+  document.getElementById("title").textContent = doc.title;
+  document.getElementById("facts").textContent = facts(doc);
+  const notes = document.getElementById("notes");
+  for (const note of doc.notes) notes.append(el("li", { text: note }));
+  document.getElementById("notes-box").hidden = doc.notes.length === 0;
+  const bus = makeBus();
+  tabs(doc);
+  heatmap.render(doc, document.getElementById("heatmap"), bus);
+  stats.render(doc, document.getElementById("stats"), bus);
+  collectives.render(doc, document.getElementById("collectives"), bus);
+  document.body.dataset.ready = "1";
+  window.gputraceReadyMs = performance.now();
+  timeline.render(doc, document.getElementById("timeline"), bus);
+}
+
+main();

@@ -1,0 +1,125 @@
+// The timeline: the Perfetto UI in an iframe, given the trace by postMessage (its embedding API:
+// PING until PONG, then the trace as an ArrayBuffer) and moved by the other views (a posted
+// time range, in seconds of trace time: the trace's ts, which count from the document's base).
+// A trace too large for the UI arrives as a time window around what the user asked to see.
+
+import { el, fmtCount, fmtNs } from "./util.js";
+
+const PONG_TIMEOUT_MS = 20000;
+const VIEW_SHARE = 0.8; // the asked range fills this share of the visible window
+
+export function render(doc, element, bus) {
+  element.replaceChildren();
+  const tl = doc.timeline;
+  const ui = tl.ui;
+  if (!ui) {
+    const status = el("p", {
+      className: "empty",
+      "data-testid": "timeline-status",
+      text: "This report carries no timeline (it makes no network request). Open the traces with `gputrace view` to see them in the Perfetto UI, linked to these views.",
+    });
+    element.append(status);
+    bus.on("zoom", (z) => {
+      status.textContent = `${z.what}: ${fmtNs(z.start)} to ${fmtNs(z.end)} after the trace's start. Open the traces with \`gputrace view\` to see it in the Perfetto UI.`;
+    });
+    return;
+  }
+  const origin = new URL(ui.src, location.href).origin;
+  const status = el("span", { className: "status", "data-testid": "timeline-status", text: "starting the Perfetto UI…" });
+  const download = el("a", { href: ui.download, download: ui.filename, "data-testid": "timeline-download", text: `download the trace (${fmtCount(doc.spans)} spans, JSON)` });
+  const frame = el("iframe", { src: ui.src, title: "Perfetto UI", "data-testid": "timeline-frame" });
+  element.append(
+    el("div", { className: "timeline-head" }, el("strong", { text: "Timeline" }), el("span", { "data-testid": "timeline-source", text: ` from ${ui.label}` }), status, download),
+    frame,
+  );
+
+  let ready = false;
+  let loaded = null; // [lo, hi): the ns (from the base) that the UI holds, or null
+  let loading = null; // the promise of the load in flight
+  let wanted = null; // the latest zoom asked for
+  let serial = 0;
+  let loadedAt = 0; // when the UI was last given a trace
+
+  function post(message) {
+    frame.contentWindow.postMessage(message, origin);
+  }
+
+  const started = Date.now();
+  const ping = setInterval(() => {
+    if (ready) return clearInterval(ping);
+    if (Date.now() - started > PONG_TIMEOUT_MS) {
+      clearInterval(ping);
+      status.textContent = `the Perfetto UI at ${ui.src.split("#")[0]} did not answer (it may need a network connection); every other view works without it, and the trace can be downloaded.`;
+      status.classList.add("error");
+      return;
+    }
+    try {
+      post("PING");
+    } catch (e) {
+      // The frame may not have a window yet.
+    }
+  }, 150);
+
+  window.addEventListener("message", (e) => {
+    if (e.source !== frame.contentWindow || e.data !== "PONG" || ready) return;
+    ready = true;
+    clearInterval(ping);
+    if (wanted) go(wanted);
+    else loading = load(tl.whole ? null : tl.initial);
+  });
+
+  async function load(win) {
+    const url = win ? `${ui.trace}?start=${win[0]}&end=${win[1]}` : ui.trace;
+    status.textContent = win ? `loading ${fmtNs(win[0])}–${fmtNs(win[1])} of the trace into the Perfetto UI…` : "loading the trace into the Perfetto UI…";
+    const res = await fetch(url);
+    if (!res.ok) throw new Error(`${url}: ${res.status}`);
+    const buffer = await res.arrayBuffer();
+    const got = (res.headers.get("X-Gputrace-Window") || "").split(",").map(Number);
+    loaded = got.length === 2 && got.every(Number.isFinite) ? got : [0, doc.duration_ns];
+    post({ perfetto: { buffer, title: doc.title, keepApiOpen: true } });
+    loadedAt = Date.now();
+    status.textContent = tl.whole ? "the whole trace" : `the trace from ${fmtNs(loaded[0])} to ${fmtNs(loaded[1])} (it is too large for the Perfetto UI at once: a click in the views loads the part it shows)`;
+    element.dataset.loaded = loaded.join(",");
+  }
+
+  async function go(z) {
+    wanted = z;
+    if (!ready) return;
+    const mine = ++serial;
+    const start = z.start;
+    const end = z.end > z.start ? z.end : z.start + 1000;
+    if (!tl.whole && (!loaded || start < loaded[0] || end > loaded[1])) {
+      const pad = Math.max(end - start, 1e6);
+      loading = load([Math.max(0, Math.floor(start - pad)), Math.ceil(end + pad)]);
+    } else if (!loaded && !loading) {
+      loading = load(null);
+    }
+    if (loading) {
+      try {
+        await loading;
+      } catch (err) {
+        status.textContent = `could not load the trace: ${err.message}`;
+        status.classList.add("error");
+        return;
+      }
+    }
+    if (mine !== serial) return;
+    const message = { perfetto: { timeStart: start / 1e9, timeEnd: end / 1e9, viewPercentage: VIEW_SHARE } };
+    post(message);
+    // The UI retries a range that arrives while it is still loading for 4 s only; a large load
+    // takes longer, so after a load the range is posted again for a while.
+    const since = loadedAt;
+    for (const wait of [2000, 5000, 10000, 20000]) {
+      setTimeout(() => {
+        if (mine === serial && since === loadedAt && Date.now() - loadedAt < 25000) post(message);
+      }, wait);
+    }
+    status.textContent = `showing ${z.what}`;
+    element.dataset.zoom = `${start},${end}`;
+    frame.scrollIntoView({ block: "nearest" });
+  }
+
+  bus.on("zoom", (z) => {
+    go(z);
+  });
+}
