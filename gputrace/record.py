@@ -505,6 +505,7 @@ class Recorder:
         `unfinished` (the real ones stay open). Waits for the GPU when any is on a device."""
         with self._lock:
             snap = SpanStore(self.config.max_spans)
+            snap.names, snap._name_index = self.store.names, self.store._name_index  # one set of names
             copies = []
             for s in self.open_spans():
                 c = PySpan(s.name, {**(s.args or {}), "unfinished": True})

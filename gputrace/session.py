@@ -387,19 +387,11 @@ class Session:
             meta = self.metadata(rec, rec.store, len(snapshot))
             trace.metadata.update(meta)
             trace.processes[0] = dataclasses.replace(trace.processes[0], metadata=trace.metadata)
-            # The snapshot's rows join the store's columns in a copy (open spans are few).
+            # The snapshot's rows join the store's columns in a copy (open spans are few); the
+            # snapshot shares the store's names.
             full = SpanColumns()
             full.extend(trace.spans.name, trace.spans.track, trace.spans.start, trace.spans.end, trace.spans.args)
-            trace.names = list(trace.names)
-            trace._name_index = dict(trace._name_index)
-            for i in range(len(snapshot)):
-                full.append(
-                    trace.intern(snapshot.names[snapshot.name[i]]),
-                    snapshot.track[i],
-                    snapshot.start[i],
-                    snapshot.end[i],
-                    snapshot.args[i],
-                )
+            full.extend(snapshot.name, snapshot.track, snapshot.start, snapshot.end, snapshot.args)
             trace.spans = full
         return trace
 

@@ -33,7 +33,14 @@ import orjson
 
 from gputrace.errors import TraceFormatError
 from gputrace.trace.files import atomic_writer, read_bytes
-from gputrace.trace.model import Process, Trace, Track
+from gputrace.trace.model import Process, Trace, Track, _NoCats
+
+try:  # the C encoder of span events (same output as the Python loop below)
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GPUTRACE_PURE_PYTHON is set")
+    from gputrace._hot import encode_events as _encode_events
+except ImportError:
+    _encode_events = None
 
 # ---- reading ------------------------------------------------------------------------------------
 
@@ -407,7 +414,7 @@ class Layout:
         lane = [0] * len(starts)
         for t, rows in by_track.items():
             lanes = self._lanes.setdefault(t, [])
-            order = sorted(rows, key=lambda i: (starts[i], starts[i] - ends[i], i))
+            order = sorted(rows, key=lambda i: (starts[i], -ends[i]))  # stable: ties keep their order
             stacks: list[list[int]] = [[] for _ in lanes]  # per lane: ends of this piece's open spans
             roots: list[list[tuple[int, int]]] = [[] for _ in lanes]
             for i in order:
@@ -421,11 +428,11 @@ class Layout:
                     st = stacks[k]
                     while st and st[-1] <= s:
                         st.pop()
-                    if st:
-                        # Nests in this piece's open span (its parent), and with earlier pieces'.
-                        ok = st[-1] >= e and self.fits(lanes[k], s, e)
-                    else:
-                        ok = self.fits(lanes[k], s, e)
+                    kept_ends = lanes[k][1]
+                    # Past every kept span (the usual case) it meets none of them.
+                    fits = not kept_ends or s >= kept_ends[-1] or self.fits(lanes[k], s, e)
+                    # Nested in this piece's open span (its parent), and with earlier pieces'.
+                    ok = (st[-1] >= e and fits) if st else fits
                     if ok:
                         if not st:
                             roots[k].append((s, e))
@@ -478,7 +485,7 @@ class ProcessWriter:
         self.layout = Layout()
         self._tids: dict[tuple[int, int], int] = {}  # (track, lane) -> tid
         self._next_tid = 0
-        self._named = False
+        self.name_json: list[bytes] = []  # the trace's names as JSON, by name index
 
     def tid(self, trace: Trace, track: int, lane: int, out: list[bytes]) -> int:
         key = (track, lane)
@@ -541,27 +548,53 @@ def encode_spans(
     meta: list[bytes] = []
     tids = [writer.tid(trace, t, k, meta) for t, k in zip(tracks, lanes)]
     out.extend(meta)
-    pid = writer.pid
+    if min(starts) < base_ns or any(e < s for s, e in zip(starts, ends)):
+        raise ValueError("a span starts before the trace's base or ends before it starts")
     names = trace.names
-    name_json: dict[int, bytes] = {}
+    name_json = writer.name_json
+    while len(name_json) < len(names):
+        name_json.append(dumps(names[len(name_json)]))
+    cats = sp.cat
+    if _encode_events is not None and isinstance(cats, _NoCats):
+        # The C encoder: each row's "track" is its tid's slot here, its lane 0.
+        slot: dict[int, int] = {}
+        tid_list: list[int] = []
+        cat_list: list[bytes] = []
+        for t, tid in zip(tracks, tids):
+            if tid not in slot:
+                slot[tid] = len(tid_list)
+                tid_list.append(tid)
+                cat_list.append(b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"')
+        body = _encode_events(
+            name_json,
+            [sp.name[i] for i in rows],
+            cat_list,
+            [slot[tid] for tid in tids],
+            [0] * len(tids),
+            tid_list,
+            writer.pid,
+            starts,
+            ends,
+            base_ns,
+            _args_json([sp.args[i] for i in rows]),
+        )
+        # One event a line (a cut file loses only its last line): `},{"ph"` occurs only between
+        # events, as JSON strings escape their quotes.
+        out.append(body.replace(b'},{"ph"', b'},\n{"ph"') + b",\n")
+        return
+    pid = writer.pid
     default_cat = {t: (b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"') for t in set(tracks)}
     lines = []
     for j, i in enumerate(rows):
         s, e = starts[j], ends[j]
         ts, dur = s - base_ns, e - s
-        if ts < 0 or dur < 0:
-            raise ValueError(f"span {names[sp.name[i]]!r} starts before the trace's base or ends before it starts")
-        ni = sp.name[i]
-        nj = name_json.get(ni)
-        if nj is None:
-            nj = name_json[ni] = dumps(names[ni])
-        cat = sp.cat[i]
+        cat = cats[i]
         a = sp.args[i]
         lines.append(
             b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d%s},\n'
             % (
                 dumps(cat) if cat is not None else default_cat[tracks[j]],
-                nj,
+                name_json[sp.name[i]],
                 pid,
                 tids[j],
                 ts // 1000,
@@ -572,6 +605,13 @@ def encode_spans(
             )
         )
     out.append(b"".join(lines))
+
+
+def _args_json(args: list[dict[str, Any] | None]) -> list[bytes | None]:
+    try:  # one pass at C speed; item by item only when some value needs cleaning
+        return [orjson.dumps(a, default=repr) if a else None for a in args]
+    except (TypeError, orjson.JSONEncodeError):
+        return [dumps(a) if a else None for a in args]
 
 
 def encode_counters(trace: Trace, rows: Sequence[int], pid_of: dict[int, int], base_ns: int, out: list[bytes]) -> None:
