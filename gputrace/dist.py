@@ -290,6 +290,8 @@ def _probe_device(dist, group) -> int | None:  # type: ignore[no-untyped-def]
     from gputrace import record
 
     rec = record.ACTIVE
+    if rec is None and record.LAZY is not None:
+        rec = record.LAZY()  # recording is on from the environment; its first span would build it
     if rec is None or rec.device is None:
         return None
     try:
@@ -297,8 +299,7 @@ def _probe_device(dist, group) -> int | None:  # type: ignore[no-untyped-def]
             return None
     except (RuntimeError, ValueError):
         return None
-    torch = sys.modules["torch"]
-    return int(torch.cuda.current_device())
+    return int(rec.device.current_device())
 
 
 # Batches of probes, each mapped through an anchor of its own; "busy" batches take that anchor
@@ -308,13 +309,45 @@ _LATE_CYCLES = 40_000  # ~20 us at H200 clocks: the late side of a probe arrives
 _AHEAD_CYCLES = 4_000_000  # ~2 ms: the host queues a whole batch before the GPU reaches it
 
 
+class CudaProbe:
+    """The CUDA calls the refinement makes, on the current stream of device `dev` (a test
+    double stands in for them on a CPU)."""
+
+    def __init__(self, dev: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.dev = dev
+        self.stream = torch.cuda.current_stream(dev)
+
+    def tensor(self) -> Any:
+        return self.torch.zeros(1, device=self.torch.device("cuda", self.dev))
+
+    def sleep(self, cycles: int) -> None:
+        self.torch.cuda._sleep(cycles)
+
+    def event(self) -> Any:
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        return ev
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def drain(self) -> None:
+        self.stream.synchronize()
+
+
+PROBE: type = CudaProbe
+
+
 def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: int) -> DeviceSync | None:  # type: ignore[no-untyped-def]
     """Refine this rank's offset for its device events with tiny all-reduces on `group`.
 
     Each probe is a start event, a one-element all-reduce and an end event on the current
     stream, queued behind a sleep kernel so that they run back to back on the GPU. Both events
-    are mapped to host epoch ns through this rank's anchors exactly as its spans are, and moved
-    by the host offset. Two facts bound rank 0's offset theta for our device events:
+    are mapped to host epoch ns through this rank's anchors exactly as its spans are. Two facts
+    bound rank 0's offset theta for our device events:
     - an all-reduce cannot end on any GPU before every GPU has started it, so
       theta >= start_0 - end_r and theta <= end_0 - start_r;
     - it ends on all GPUs at nearly the same moment, so theta ~ end_0 - end_r.
@@ -324,14 +357,13 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
     farthest bound of any batch (batches with their own anchors show how much anchors move)."""
     from gputrace import record
 
-    torch = sys.modules["torch"]
     rec = record.ACTIVE
-    dev = torch.cuda.current_device()
+    dev = rec.device.current_device()
+    gpu = PROBE(dev)
     me, root = dist.get_rank(), ranks[0]
-    stream = torch.cuda.current_stream(dev)
-    x = torch.zeros(1, device=dev)
+    x = gpu.tensor()
     dist.all_reduce(x, group=group)  # the communicator may be built lazily: not in the probes
-    stream.synchronize()
+    gpu.drain()
     batches: list[list[tuple[int, int]]] = []
     for kind in _BATCHES:
         with rec._lock:
@@ -339,24 +371,21 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
             if not tl.anchors:
                 rec._anchor(dev)
             first = len(tl.anchors) - 1
-        torch.cuda._sleep(_AHEAD_CYCLES)
+        gpu.sleep(_AHEAD_CYCLES)
         events = []
         for i in range(per_batch):
             if (i % 2 == 1) == (me == root):
-                torch.cuda._sleep(_LATE_CYCLES)
-            s = torch.cuda.Event(enable_timing=True)
-            e = torch.cuda.Event(enable_timing=True)
-            s.record(stream)
+                gpu.sleep(_LATE_CYCLES)
+            s = gpu.event()
             dist.all_reduce(x, group=group)
-            e.record(stream)
-            events.append((s, e))
+            events.append((s, gpu.event()))
         if kind == "busy":
-            torch.cuda._sleep(_AHEAD_CYCLES // 8)  # still running when the anchor is taken
-        events[-1][1].synchronize()
+            gpu.sleep(_AHEAD_CYCLES // 8)  # still running when the anchor is taken
+        gpu.wait(events[-1][1])
         with rec._lock:
             rec._anchor(dev)
             batches.append([(_to_host(tl, s, first), _to_host(tl, e, first)) for s, e in events])
-        stream.synchronize()
+        gpu.drain()
     box = [batches if me == root else None]
     dist.broadcast_object_list(box, src=root, group=g)
     ref: list[list[tuple[int, int]]] = box[0]  # type: ignore[assignment]
@@ -367,8 +396,11 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
     for kind, theirs, ours in zip(_BATCHES, ref, batches):
         lo = max(s0 - e1 for (s0, _), (_, e1) in zip(theirs, ours))
         hi = min(e0 - s1 for (_, e0), (s1, _) in zip(theirs, ours))
-        mid = int(statistics.median(e0 - e1 for (_, e0), (_, e1) in zip(theirs, ours)))
-        summaries.append({"anchor": kind, "offset_ns": min(max(mid, lo), hi), "lo_ns": lo, "hi_ns": hi})
+        gaps = [e0 - e1 for (_, e0), (_, e1) in zip(theirs, ours)]
+        mid = int(statistics.median(gaps))
+        summaries.append(
+            {"anchor": kind, "offset_ns": min(max(mid, lo), hi), "lo_ns": lo, "hi_ns": hi, "end_gaps_ns": gaps}
+        )
     offsets = [b["offset_ns"] for b in summaries]
     estimate = int(statistics.median(offsets))
     error = max(max(estimate - b["lo_ns"], b["hi_ns"] - estimate) for b in summaries)

@@ -6,6 +6,11 @@ with SHIFT_NS, plays a host whose clock is that far ahead), saved into OUT.
 `python -m tests.dist_worker sync SHIFT_NS`: clock syncs only. With `GPUTRACE_HOST_ID` set, the
 rank plays that host, and a host named `shifted...` has its clock SHIFT_NS ahead (every rank of
 it alike, as one host clock). Prints the syncs as one JSON line.
+
+`python -m tests.dist_worker fakegpu SHIFT_NS`: the device refinement's whole path on a CPU. A
+fake GPU (tests/fakes.py) whose events run at the real host instant they are recorded stands in
+for CUDA, and gloo's all-reduce for NCCL's; rank 1's host clock is SHIFT_NS ahead. Prints the
+syncs as one JSON line.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ import torch.distributed as dist
 import gputrace
 from gputrace import api
 from gputrace.clock import HostClock
+from gputrace.config import Config
+from gputrace.record import Recorder
+
+from .fakes import FakeDevice
 
 
 def main(out: str, shift_ns: int) -> None:
@@ -59,8 +68,58 @@ def sync_only(shift_ns: int) -> None:
     dist.destroy_process_group()
 
 
+class RealTimeFake(FakeDevice):
+    """A fake GPU on the real host clock: an event runs the moment it is recorded."""
+
+    now = property(lambda self: time.monotonic_ns(), lambda self, value: None)  # type: ignore[assignment]
+
+
+def fake_gpu(shift_ns: int) -> None:
+    from gputrace import dist as gdist
+    from gputrace import session
+
+    dist.init_process_group("gloo")
+    fake = RealTimeFake(launch_ns=0, wake_ns=0)
+    clock = HostClock(monotonic_ns=time.monotonic_ns, shift_ns=shift_ns if dist.get_rank() == 1 else 0)
+    session.SESSION.install(Recorder(Config(), fake, clock))
+
+    class Probe:
+        def __init__(self, dev: int) -> None:
+            pass
+
+        def tensor(self) -> torch.Tensor:
+            return torch.zeros(1)
+
+        def sleep(self, cycles: int) -> None:
+            pass
+
+        def event(self) -> object:
+            ev = fake.new_event()
+            fake.record(ev, fake.current[0])
+            return ev
+
+        def wait(self, event: object) -> None:
+            pass
+
+        def drain(self) -> None:
+            pass
+
+    gdist.PROBE = Probe
+    gdist._probe_device = lambda dist, group: 0  # gloo's all-reduce plays NCCL's
+    syncs = [gputrace.sync_clocks(exchanges=8) for _ in range(2)]
+    line = {
+        "rank": dist.get_rank(),
+        "epoch_offset_ns": clock.epoch_offset_ns,
+        "syncs": [dataclasses.asdict(s) for s in syncs if s is not None],
+    }
+    print(orjson.dumps(line).decode(), flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "sync":
         sync_only(int(sys.argv[2]))
+    elif sys.argv[1] == "fakegpu":
+        fake_gpu(int(sys.argv[2]))
     else:
         main(sys.argv[1], int(sys.argv[2]))

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIFT = 40_000_000  # a "shifted" host's clock runs 40 ms ahead
 
 
-def run_sync(hosts: list[str]) -> dict[int, dict]:
+def run_sync(hosts: list[str], mode: str = "sync") -> dict[int, dict]:
     """One process per entry of `hosts` (its host identity; "" for the real one)."""
     port = free_port()
     pythonpath = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
@@ -33,7 +33,7 @@ def run_sync(hosts: list[str]) -> dict[int, dict]:
             env[gdist.HOST_ID_ENV] = host
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.dist_worker", "sync", str(SHIFT)],
+                [sys.executable, "-m", "tests.dist_worker", mode, str(SHIFT)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -110,6 +110,23 @@ def test_leaders_sync_in_a_tree_and_followers_take_their_leaders_result(four_hos
             assert b["error_ns"] == a["error_ns"] and b["round_trip_ns"] == a["round_trip_ns"]
     # Two hops: rank 6's error bar holds its own half round trip and rank 2's.
     assert first[6]["error_ns"] >= first[2]["error_ns"] + (first[6]["round_trip_ns"] + 1) // 2
+
+
+def test_the_device_refinement_brackets_the_true_offset_on_a_fake_gpu() -> None:
+    # The refinement's whole path (probes, anchors, the exchange of ends, the bounds), with a
+    # fake GPU whose events run when recorded and gloo's all-reduce for NCCL's. Rank 1's clock
+    # is SHIFT ahead; its ranks share this machine, so the truth is the exact same-host offset.
+    results = run_sync(["", ""], mode="fakegpu")
+    truth = results[0]["epoch_offset_ns"] - results[1]["epoch_offset_ns"]
+    assert abs(truth + SHIFT) < 1_000_000
+    for s0, s1 in zip(results[0]["syncs"], results[1]["syncs"]):
+        assert (s0["device"]["offset_ns"], s0["device"]["error_ns"]) == (0, 0)
+        d = s1["device"]
+        assert d["probes"] == 32 and len(d["batches"]) == 4
+        assert abs(d["offset_ns"] - truth) <= d["error_ns"] < 50_000_000, d
+        for b in d["batches"]:
+            assert b["lo_ns"] <= b["offset_ns"] <= b["hi_ns"]
+            assert b["lo_ns"] <= truth <= b["hi_ns"]  # causality: the bounds hold on any machine
 
 
 def test_tree_rounds_pair_each_leader_once_with_one_that_already_knows() -> None:
