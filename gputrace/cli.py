@@ -173,5 +173,70 @@ def validate(paths: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="port on 127.0.0.1  [default: a free one]")
+@click.option("--no-browser", is_flag=True, help="print the URL instead of opening a browser")
+@click.option(
+    "--perfetto-ui",
+    "perfetto_ui",
+    metavar="DIR|URL",
+    help="the Perfetto UI for the timeline  [default: a local build if installed, else ui.perfetto.dev]",
+)
+@click.option("--export", "export", metavar="FILE.html", help="write one self-contained HTML report and exit")
+@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7")
+@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200")
+@click.option("--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start")
+@click.option("--step", default="step", show_default=True, help="the span that marks one training step")
+@click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
+@_guard
+def view(
+    paths: tuple[str, ...],
+    port: int,
+    no_browser: bool,
+    perfetto_ui: str | None,
+    export: str | None,
+    ranks: str | None,
+    steps: str | None,
+    window: str | None,
+    step: str,
+    skip_steps: int,
+) -> None:
+    """Look at traces in the browser: which rank was slow in which step, who waited in which
+    collective, span statistics, each linked to the Perfetto timeline."""
+    from gputrace import merge as merge_mod
+    from gputrace.trace.files import write_atomic
+    from gputrace.viewer import data, report, server
+
+    ui = None if export else server.resolve_ui(perfetto_ui)
+    trace = data.load(
+        paths,
+        ranks=merge_mod.parse_ranks(ranks) if ranks else None,
+        steps=merge_mod.parse_steps(steps) if steps else None,
+        window=merge_mod.parse_window(window) if window else None,
+        step_name=step,
+    )
+    doc = data.document(trace, step=step, skip_steps=skip_steps, inputs=paths)
+    if export:
+        write_atomic(export, report.html(doc))
+        click.echo(f"wrote {export}")
+        return
+    assert ui is not None
+    viewer = server.Viewer(trace, doc, ui, name=doc["title"])
+    httpd = viewer.serve(port)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    click.echo(f"gputrace view: {url} (timeline from {ui.label}; Ctrl-C stops)")
+    if not no_browser:
+        import webbrowser
+
+        webbrowser.open(url)  # the socket already listens: the browser's request waits for serve_forever
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("gputrace view: stopped")
+    finally:
+        httpd.server_close()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
