@@ -357,6 +357,11 @@ def _meets(s: int, e: int, start_ns: int, end_ns: int) -> bool:
     return s < end_ns and (e > start_ns or s >= start_ns)
 
 
+def spans_in(trace: Trace, start_ns: int, end_ns: int) -> int:
+    """How many spans meet [start_ns, end_ns)."""
+    return sum(1 for s, e in zip(trace.spans.start, trace.spans.end) if _meets(s, e, start_ns, end_ns))
+
+
 def fit_window(trace: Trace, start_ns: int, end_ns: int, limit: int = TIMELINE_SPANS) -> tuple[int, int]:
     """[start_ns, end_ns) narrowed, keeping its start, until at most `limit` spans meet it (a click
     on a whole-run span of a huge trace still gets a timeline the UI can load)."""
