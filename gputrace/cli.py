@@ -84,31 +84,76 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
     click.echo(f"open it: drag {shown} onto https://ui.perfetto.dev")
 
 
-def _summary_text(paths: list[str], as_json: bool = False, step: str = "step") -> str:
+def _summary_text(
+    paths: list[str],
+    as_json: bool = False,
+    step: str | None = None,
+    skip_steps: int = 0,
+    allow_mixed: bool = False,
+    by_rank: bool = False,
+) -> str:
     import orjson
 
     from gputrace import stats
-    from gputrace.traceio import read_trace
 
-    by_rank = stats.spans_by_rank([read_trace(p) for p in paths])
-    rows = stats.name_stats(by_rank)
-    steps = stats.step_stats(by_rank, step)
+    trace = _load(paths, allow_mixed)
+    result = stats.summarize(trace, step or "step", skip_steps, require_step=step is not None)
     if as_json:
-        return orjson.dumps(stats.to_json(rows, steps), option=orjson.OPT_NON_STR_KEYS).decode()
-    return stats.table(rows, steps)
+        return orjson.dumps(stats.to_json(result)).decode()
+    return stats.table(result, by_rank=by_rank)
+
+
+def _load(paths: list[str], allow_mixed: bool) -> Any:
+    """The named traces as one: a merged file as it is, per-rank files side by side."""
+    from gputrace.trace import chrome
+
+    traces = [chrome.read(p) for p in paths]
+    _ = allow_mixed
+    return traces[0] if len(traces) == 1 else _combine(traces, paths)
+
+
+def _combine(traces: list[Any], paths: list[str]) -> Any:
+    import dataclasses
+
+    from gputrace.errors import MergeError
+    from gputrace.trace.model import Trace
+
+    out = Trace({})
+    seen: dict[int, str] = {}
+    for trace, path in zip(traces, paths):
+        procs = []
+        for p in trace.processes:
+            if p.rank is not None and not p.foreign:
+                if p.rank in seen:
+                    raise MergeError(
+                        f"rank {p.rank} appears twice: {seen[p.rank]} and {path}; summarize one run at a time"
+                    )
+                seen[p.rank] = path
+            procs.append(out.add_process(p))
+        tracks = [out.add_track(dataclasses.replace(t, process=procs[t.process])) for t in trace.tracks]
+        names = [out.intern(n) for n in trace.names]
+        sp = trace.spans
+        out.spans.extend([names[n] for n in sp.name], [tracks[t] for t in sp.track], sp.start, sp.end, sp.args, sp.cat)
+    return out
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--step", default="step", show_default=True, help="the span that marks one training step")
+@click.option("--step", default=None, help="the span that marks one training step  [default: step, if present]")
+@click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
+@click.option("--allow-mixed", is_flag=True, help="summarize files of different runs or world sizes together")
+@click.option("--by-rank", is_flag=True, help="a table per rank too, and every rank in the per-rank table")
 @_guard
-def summary(paths: tuple[str, ...], as_json: bool, step: str) -> None:
+def summary(
+    paths: tuple[str, ...], as_json: bool, step: str | None, skip_steps: int, allow_mixed: bool, by_rank: bool
+) -> None:
     """Per-span statistics of per-rank traces or a merged one: totals, percentiles, the
-    imbalance between ranks, and the slowest rank of each step."""
-    from gputrace.merge import expand
+    imbalance between ranks, the slowest rank of each step (when beyond the noise) and who
+    waited for whom in each collective."""
+    from gputrace.trace.files import expand
 
-    click.echo(_summary_text(expand(paths), as_json, step))
+    click.echo(_summary_text(expand(paths), as_json, step, skip_steps, allow_mixed, by_rank))
 
 
 @main.command()

@@ -1,19 +1,55 @@
-"""Statistics: per span name and per rank, from one or more traces.
+"""Statistics of a trace: where the time goes, which rank was slow in which step, and who waited
+for whom in each collective.
 
-Takes: Chrome trace dicts (per-rank files or one merged file; a span's rank is its pid - 1,
-gputrace's convention). Gives: `NameStats` rows sorted by total time, with each name's least
-and largest per-rank totals and their imbalance; `StepStats` naming the slowest rank of each
-step; and tables for people.
+Takes: one `Trace` (one rank's, or every rank merged onto one aligned timeline). Gives: a
+`Summary`: per span name (all ranks, and each rank alone) count, total, percentiles, the
+slowest instance and the imbalance between ranks; per step and rank the busy time (work before
+waiting) with an honest verdict on the slowest rank; every collective occurrence matched across
+ranks with its arrival order and waits; and per rank the spans left out or lost. `to_json`
+turns it into labelled JSON objects, `table` into text that fits a terminal.
+
+Cost: linear in spans plus sorting. Spans are grouped once by (name, rank); a step's time inside
+collectives comes from prefix sums over the rank's merged collective intervals (two bisections a
+step), and a collective finds its step by bisection, so nothing is rescanned per step.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections import Counter
-from dataclasses import asdict, dataclass
+import shutil
+import sys
+import textwrap
+import unicodedata
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from operator import sub
 from typing import Any
 
-from gputrace.traceio import us_to_ns
+from gputrace.errors import GputraceError
+from gputrace.trace.model import Trace
+
+# Spans whose time is waiting for other ranks, not work: a straggler's peers spend its extra
+# time in them, so a step's length alone cannot tell who was slow. The fallback for traces in
+# which no span is marked `collective=True`.
+WAIT_NAMES = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|wait|nccl|gloo", re.IGNORECASE
+)
+
+#: A rank is called slowest in a step only when its margin over the step's median busy time is
+#: more than this share of the median (and more than its clock error).
+MARGIN_PCT = 2.0
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One span: where to show it in the timeline."""
+
+    rank: int
+    start_ns: int
+    end_ns: int
 
 
 @dataclass(frozen=True)
@@ -26,168 +62,931 @@ class NameStats:
     p90_ns: int
     p99_ns: int
     max_ns: int
-    ranks: int
+    ranks: int  # ranks that have this name
     min_rank: int  # the rank with the least total of this name
     min_rank_total_ns: int
     max_rank: int
     max_rank_total_ns: int
     imbalance: float  # largest per-rank total / least
-
-
-# Spans whose time is waiting for other ranks, not work: a straggler's peers spend its extra
-# time in them, so a step's length alone cannot tell who was slow.
-WAIT_NAMES = re.compile(
-    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|wait|nccl|gloo", re.IGNORECASE
-)
+    slowest: Instance  # the longest single span of this name
 
 
 @dataclass(frozen=True)
-class StepStats:
-    """The slowest rank of each step: the one that worked longest before it waited (step time
-    minus time inside collective/wait spans), since collectives make every rank's step end
-    together."""
+class StepVerdict:
+    """The rank that worked longest in one step, and whether that is beyond the noise."""
+
+    step: int  # the step's number on every rank: its step spans counted from 0, skipped ones included
+    rank: int
+    busy_ns: int
+    median_ns: int  # the step's median busy time over ranks
+    margin_ns: int  # busy_ns - median_ns
+    margin_pct: float
+    noise_ns: int  # the rank's clock error on a busy time, which the margin must exceed
+    called: bool  # margin above MARGIN_PCT of the median and above noise_ns
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Per rank and step: lists indexed by k, the step numbered `skipped + k`."""
 
     name: str
-    steps: int  # steps seen on every rank
-    slowest: list[tuple[int, int, int]]  # per step: (step index, slowest rank, its busy ns)
-    times_slowest: dict[int, int]  # rank -> how many steps it was slowest in
+    skipped: int
+    count: int  # steps present on every rank in `ranks`, after the skipped ones
+    ranks: list[int]  # ranks with step spans
+    start_ns: dict[int, list[int]]
+    end_ns: dict[int, list[int]]
+    busy_ns: dict[int, list[int]]  # step time minus time inside the rank's collective spans
+    wait_ns: dict[int, list[int]]  # step time inside collective spans
+    median_busy_ns: list[int]
+    verdicts: list[StepVerdict]  # one per step
+    rule: str
+    times_slowest: dict[int, int]  # rank -> steps in which it was called slowest
+
+    def number(self, k: int) -> int:
+        return self.skipped + k
 
 
-def spans_by_rank(traces: list[dict[str, Any]]) -> dict[int, dict[str, list[tuple[int, int]]]]:
-    """rank -> name -> [(start ns relative to the trace's base, duration ns)] in start order."""
-    out: dict[int, dict[str, list[tuple[int, int]]]] = {}
-    for trace in traces:
-        base = trace.get("baseTimeNanoseconds", 0) if isinstance(trace.get("baseTimeNanoseconds"), int) else 0
-        for ev in trace["traceEvents"]:
-            if not isinstance(ev, dict) or ev.get("ph") != "X":
+@dataclass(frozen=True)
+class Occurrence:
+    """One collective as every rank ran it, matched by (step, name, ordinal within the step on
+    each rank)."""
+
+    step: int | None  # None: outside every step (matched by name and ordinal over the trace)
+    name: str
+    ordinal: int
+    arrivals: dict[int, int]  # rank -> start ns
+    ends: dict[int, int]  # rank -> end ns
+    last_rank: int  # the latest arrival
+    waits_ns: dict[int, int]  # rank -> last arrival - its arrival
+    last_margin_ns: int  # the last arrival - the one before it
+    last_called: bool  # last_margin_ns above the two ranks' clock error (their arrival order is known)
+
+
+@dataclass(frozen=True)
+class CollectiveRank:
+    times_last: int  # occurrences it arrived last in, beyond the clock error
+    wait_caused_ns: int  # the others' waits in occurrences it arrived last in
+    wait_suffered_ns: int  # its own waits
+    times_last_within_noise: int  # last, but by less than the clock error
+
+
+@dataclass(frozen=True)
+class Collectives:
+    rule: str  # which spans count as collectives, and when a last arrival is called
+    occurrences: list[Occurrence]  # in order of first arrival
+    per_rank: dict[int, CollectiveRank]
+
+
+@dataclass(frozen=True)
+class RankCounts:
+    spans: int  # finished spans in the statistics
+    unfinished: int  # still open when the trace was written: counted, left out of the statistics
+    dropped: int | None  # lost by the recorder (its span limit); None when the trace does not say
+    skipped_in_capture: int | None  # not recorded inside CUDA graph capture; None when not said
+    warmup: int  # left out by skip_steps (they start before the rank's first kept step)
+
+
+@dataclass(frozen=True)
+class Summary:
+    ranks: list[int]
+    names: list[NameStats]  # all ranks, by total descending
+    by_rank: dict[int, list[NameStats]]
+    steps: Steps | None
+    collectives: Collectives | None
+    counts: dict[int, RankCounts]
+    notes: list[str]
+
+
+class UnknownStepError(GputraceError):
+    """The span name asked to mark steps is not in the trace."""
+
+
+# ---- computing ----------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of an ascending sequence."""
+    n = len(sorted_values)
+    if not n:
+        return 0
+    k = max(0, min(n - 1, math.ceil(n * q / 100) - 1))
+    return sorted_values[k]
+
+
+def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_step: bool = False) -> Summary:
+    """The summary of `trace` (times already aligned across ranks). `step` names the span that
+    marks one training step; the first `skip_steps` steps of every rank, and everything the rank
+    did before them, are left out (warm-up). Without any `step` span, step analysis is omitted,
+    unless `require_step`: then a trace with spans but none named `step` is an error that lists
+    the names present."""
+    if skip_steps < 0:
+        raise GputraceError(f"skip_steps must be 0 or more, not {skip_steps}")
+    sp = trace.spans
+    names = trace.names
+    ranks = trace.ranks
+    nr = len(ranks)
+    rank_meta: dict[int, Any] = {}
+    for p in trace.processes:
+        if p.rank is not None and not p.foreign:
+            rank_meta.setdefault(p.rank, p.metadata or {})
+    slot_of_rank = {r: k for k, r in enumerate(ranks)}
+    stride = nr + 1  # slot nr: spans of processes that are not ranks
+    slot_of_track = [
+        slot_of_rank[p.rank] if p.rank is not None and not p.foreign else nr
+        for p in (trace.processes[t.process] for t in trace.tracks)
+    ]
+    notes: list[str] = []
+
+    # Group every span by (name, rank slot) in one pass; unfinished spans go to group -1 - slot.
+    keys = [n * stride + slot_of_track[t] for n, t in zip(sp.name, sp.track)]
+    marked: dict[int, bool] = {}  # span index -> its `collective` argument
+    for i, a in enumerate(sp.args):
+        if a:
+            if a.get("unfinished"):
+                keys[i] = -1 - slot_of_track[sp.track[i]]
+            c = a.get("collective")
+            if c is not None:
+                marked[i] = bool(c)
+    groups: dict[int, list[int]] = {}
+    get = groups.get
+    for i, k in enumerate(keys):
+        g = get(k)
+        if g is None:
+            groups[k] = [i]
+        else:
+            g.append(i)
+    del keys
+    unfinished = [len(groups.pop(-1 - s, ())) for s in range(nr)]
+    foreign = len(groups.pop(-1 - nr, ())) + sum(len(v) for k, v in list(groups.items()) if k % stride == nr)
+    groups = {k: v for k, v in groups.items() if k % stride != nr}
+    if foreign:
+        notes.append(f"{foreign:,} spans of processes that are not gputrace ranks (other tools') are left out")
+    if sum(unfinished):
+        notes.append(f"{sum(unfinished):,} unfinished spans (open when the trace was written) are left out and counted")
+
+    start, end = sp.start, sp.end
+
+    # Steps: each rank's finished step spans in start order.
+    step_id = names.index(step) if step in names else None
+    step_idx: dict[int, list[int]] = {}
+    if step_id is not None:
+        for s in range(nr):
+            g = groups.get(step_id * stride + s)
+            if g:
+                step_idx[s] = sorted(g, key=start.__getitem__)
+    if not step_idx and require_step and groups:
+        raise UnknownStepError(_unknown_step_message(step, step_id is not None, groups, names, stride, sp))
+    if skip_steps and step_idx:
+        fewest = min(len(v) for v in step_idx.values())
+        if skip_steps >= fewest:
+            raise GputraceError(
+                f"skipping {skip_steps} steps leaves none: the rank with the fewest has {fewest} {step!r} spans; "
+                "skip fewer"
+            )
+
+    # Warm-up: spans of a rank that start before its first kept step.
+    warmup = [0] * nr
+    if skip_steps and step_idx:
+        cut = [start[step_idx[s][skip_steps]] if s in step_idx else None for s in range(nr)]
+        for k in list(groups):
+            c = cut[k % stride]
+            if c is None:
                 continue
-            pid = ev.get("pid", 1)
-            rank = pid - 1 if isinstance(pid, int) and pid > 0 else 0
-            start = base + us_to_ns(ev.get("ts", 0))
-            out.setdefault(rank, {}).setdefault(str(ev.get("name")), []).append((start, us_to_ns(ev.get("dur", 0))))
-    for names in out.values():
-        for spans in names.values():
-            spans.sort()
+            g = groups[k]
+            kept = [i for i in g if start[i] >= c]
+            if len(kept) != len(g):
+                warmup[k % stride] += len(g) - len(kept)
+                if kept:
+                    groups[k] = kept
+                else:
+                    del groups[k]
+        notes.append(
+            f"the first {skip_steps} {step!r} steps of every rank, and what it did before them, are left out "
+            f"({sum(warmup):,} spans)"
+        )
+
+    dur = list(map(sub, end, start))
+    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end)
+
+    # Collectives: spans the user marked, else spans named like one (never the step span).
+    marked_names = {sp.name[i] for i, c in marked.items() if c}
+    coll_idx: dict[int, list[int]] = {s: [] for s in range(nr)}
+    if marked_names:
+        for k, g in groups.items():
+            if k // stride in marked_names:
+                coll_idx[k % stride].extend(i for i in g if marked.get(i))
+        coll_rule = "collectives are the spans marked collective=True"
+    else:
+        wait_names = {n for n, name in enumerate(names) if n != step_id and WAIT_NAMES.search(name)}
+        for k, g in groups.items():
+            if k // stride in wait_names:
+                # A span the user marked collective=False is not one, whatever its name.
+                coll_idx[k % stride].extend((i for i in g if marked.get(i, True)) if marked else g)
+        coll_rule = (
+            "collectives are the spans named like one (all_reduce, all_gather, reduce_scatter, all_to_all, "
+            "broadcast, barrier, wait, nccl, gloo), as no span is marked collective=True"
+        )
+    for s in range(nr):
+        coll_idx[s].sort(key=start.__getitem__)
+
+    anchor = [_anchor_uncertainty(rank_meta[r]) for r in ranks]
+    align_err, aligned = _alignment_errors(trace, ranks)
+
+    steps = None
+    if step_idx:
+        steps = _steps(step, skip_steps, step_idx, coll_idx, ranks, start, end, anchor, notes)
+
+    collectives = None
+    if any(coll_idx.values()):
+        collectives = _collectives(
+            coll_idx, step_idx, skip_steps, ranks, names, sp.name, start, end, align_err, anchor, coll_rule
+        )
+        if not aligned and sum(1 for v in coll_idx.values() if v) > 1:
+            notes.append("the trace carries no alignment error bars: arrival order trusts the clocks as written")
+
+    kept = [0] * nr
+    for k, g in groups.items():
+        kept[k % stride] += len(g)
+    counts = {}
+    for s, r in enumerate(ranks):
+        meta = rank_meta[r]
+        counts[r] = RankCounts(
+            kept[s],
+            unfinished[s],
+            _int_or_none(meta.get("spans_dropped")),
+            _int_or_none(meta.get("spans_skipped_in_cuda_graph_capture")),
+            warmup[s],
+        )
+    dropped = sum(c.dropped or 0 for c in counts.values())
+    if dropped:
+        notes.append(f"{dropped:,} spans were dropped by the recorder (its span limit) and are not in the trace")
+    return Summary(ranks, all_rows, by_rank, steps, collectives, counts, notes)
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _unknown_step_message(
+    step: str, exists: bool, groups: dict[int, list[int]], names: list[str], stride: int, sp: Any
+) -> str:
+    # The names by total time, as the table lists them: a step span is usually among the first.
+    totals: dict[int, int] = {}
+    for k, g in groups.items():
+        totals[k // stride] = totals.get(k // stride, 0) + sum(sp.end[i] - sp.start[i] for i in g)
+    present = sorted(totals, key=lambda n: (-totals[n], names[n]))
+    shown = ", ".join(repr(names[n]) for n in present[:12])
+    more = f" and {len(present) - 12} more" if len(present) > 12 else ""
+    what = f"no finished span of a rank is named {step!r}" if exists else f"no span is named {step!r}"
+    return f"{what}, so it cannot mark steps; choose one of the span names present: {shown}{more}"
+
+
+def _name_stats(
+    groups: dict[int, list[int]],
+    names: list[str],
+    ranks: list[int],
+    stride: int,
+    dur: list[int],
+    start: Sequence[int],
+    end: Sequence[int],
+) -> tuple[dict[int, list[NameStats]], list[NameStats]]:
+    by_name: dict[int, list[int]] = {}
+    for k in groups:
+        by_name.setdefault(k // stride, []).append(k)
+    by_rank: dict[int, list[NameStats]] = {r: [] for r in ranks}
+    rows: list[NameStats] = []
+    dget = dur.__getitem__
+    for n, ks in by_name.items():
+        ks.sort()
+        totals: dict[int, int] = {}
+        runs: list[int] = []
+        slowest: Instance | None = None
+        longest = -1
+        for k in ks:
+            g = groups[k]
+            r = ranks[k % stride]
+            ds = sorted(map(dget, g))
+            totals[r] = sum(ds)
+            i = max(g, key=dget)
+            inst = Instance(r, start[i], end[i])
+            if ds[-1] > longest:
+                slowest, longest = inst, ds[-1]
+            by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst))
+            runs.extend(ds)
+        runs.sort()  # sorted runs: a merge, not a full sort
+        assert slowest is not None
+        rows.append(_row(names[n], runs, totals, slowest))
+    order = lambda x: (-x.total_ns, x.name)  # noqa: E731
+    rows.sort(key=order)
+    for v in by_rank.values():
+        v.sort(key=order)
+    return by_rank, rows
+
+
+def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance) -> NameStats:
+    """One name's statistics from its ascending durations and its total on each rank."""
+    total = sum(totals.values())
+    lo = min(totals, key=lambda r: (totals[r], r))
+    hi = max(totals, key=lambda r: (totals[r], -r))
+    return NameStats(
+        name=name,
+        count=len(ds),
+        total_ns=total,
+        mean_ns=total / len(ds),
+        p50_ns=percentile(ds, 50),
+        p90_ns=percentile(ds, 90),
+        p99_ns=percentile(ds, 99),
+        max_ns=ds[-1],
+        ranks=len(totals),
+        min_rank=lo,
+        min_rank_total_ns=totals[lo],
+        max_rank=hi,
+        max_rank_total_ns=totals[hi],
+        imbalance=totals[hi] / totals[lo] if totals[lo] else (math.inf if totals[hi] else 1.0),
+        slowest=slowest,
+    )
+
+
+def _anchor_uncertainty(meta: Any) -> int:
+    """The largest device anchor uncertainty the rank recorded (0 for host-only traces)."""
+    try:
+        anchors = meta.get("clock", {}).get("device_anchors") or []
+        return max((int(a.get("uncertainty_ns_max", 0)) for a in anchors if isinstance(a, dict)), default=0)
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _alignment_errors(trace: Trace, ranks: list[int]) -> tuple[list[int], bool]:
+    per = (trace.metadata.get("alignment") or {}).get("per_rank") if isinstance(trace.metadata, dict) else None
+    if not isinstance(per, dict):
+        return [0] * len(ranks), False
+    out = []
+    for r in ranks:
+        a = per.get(str(r))
+        e = a.get("error_ns") if isinstance(a, dict) else None
+        out.append(int(e) if isinstance(e, (int, float)) and not isinstance(e, bool) else 0)
+    return out, True
+
+
+def _steps(
+    step: str,
+    skip: int,
+    step_idx: dict[int, list[int]],
+    coll_idx: dict[int, list[int]],
+    ranks: list[int],
+    start: Sequence[int],
+    end: Sequence[int],
+    anchor: list[int],
+    notes: list[str],
+) -> Steps:
+    slots = sorted(step_idx)
+    lengths = [len(step_idx[s]) - skip for s in slots]
+    count = min(lengths)
+    if max(lengths) != count:
+        notes.append(
+            f"ranks have between {count + skip} and {max(lengths) + skip} {step!r} spans; steps beyond "
+            f"{count + skip} are not on every rank and are left out of the step analysis"
+        )
+    missing = [ranks[s] for s in range(len(ranks)) if s not in step_idx]
+    if missing:
+        notes.append(f"ranks {_ranges(missing)} have no {step!r} spans and are left out of the step analysis")
+    srank = [ranks[s] for s in slots]
+    starts: dict[int, list[int]] = {}
+    ends: dict[int, list[int]] = {}
+    busy: dict[int, list[int]] = {}
+    wait: dict[int, list[int]] = {}
+    for s in slots:
+        r = ranks[s]
+        idx = step_idx[s][skip : skip + count]
+        ss = [start[i] for i in idx]
+        se = [end[i] for i in idx]
+        us: list[int] = []
+        ue: list[int] = []
+        for i in coll_idx[s]:  # merge the rank's collective spans into disjoint intervals
+            a, b = start[i], end[i]
+            if us and a <= ue[-1]:
+                if b > ue[-1]:
+                    ue[-1] = b
+            else:
+                us.append(a)
+                ue.append(b)
+        prefix = list(accumulate(map(sub, ue, us), initial=0))
+        # A step [a, b) meets the intervals [i, j): i the first ending after a, j the first
+        # starting at or after b; their lengths from the prefix sums, less what lies outside.
+        ii = [bisect_right(ue, a) for a in ss]
+        jj = [bisect_left(us, b) for b in se]
+        w = [
+            0
+            if i >= j
+            else prefix[j] - prefix[i] - (a - us[i] if us[i] < a else 0) - (ue[j - 1] - b if ue[j - 1] > b else 0)
+            for a, b, i, j in zip(ss, se, ii, jj)
+        ]
+        starts[r], ends[r], wait[r] = ss, se, w
+        busy[r] = [b - a - x for a, b, x in zip(ss, se, w)]
+    noise = [2 * anchor[s] for s in slots]
+    medians: list[int] = []
+    verdicts: list[StepVerdict] = []
+    times = {r: 0 for r in srank}
+    n = len(slots)
+    for k, col in enumerate(zip(*(busy[r] for r in srank))):
+        v = sorted(col)
+        med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) // 2
+        j = max(range(n), key=col.__getitem__)
+        margin = col[j] - med
+        pct = 100.0 * margin / med if med else (0.0 if margin == 0 else math.inf)
+        called = n > 1 and pct > MARGIN_PCT and margin > noise[j]
+        if called:
+            times[srank[j]] += 1
+        medians.append(med)
+        verdicts.append(StepVerdict(skip + k, srank[j], col[j], med, margin, pct, noise[j], called))
+    rule = (
+        f"a rank is called slowest in a step only when its busy time (the step minus its time inside "
+        f"collectives) exceeds the step's median over ranks by more than {MARGIN_PCT:g}% and by more than its "
+        "clock error on a duration (twice its device anchor uncertainty: a duration has two anchored ends)"
+    )
+    return Steps(step, skip, count, srank, starts, ends, busy, wait, medians, verdicts, rule, times)
+
+
+def _collectives(
+    coll_idx: dict[int, list[int]],
+    step_idx: dict[int, list[int]],
+    skip: int,
+    ranks: list[int],
+    names: list[str],
+    name_col: Sequence[int],
+    start: Sequence[int],
+    end: Sequence[int],
+    align_err: list[int],
+    anchor: list[int],
+    coll_rule: str,
+) -> Collectives:
+    # Per rank, in start order: each collective's step (-1: outside every step), name, ordinal
+    # among the rank's collectives of that name in that step, start and end.
+    nn = len(names) + 1
+    per: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {}
+    for s, idx in coll_idx.items():
+        if not idx:
+            continue
+        st = step_idx.get(s, [])
+        ss = [start[i] for i in st]
+        se = [end[i] for i in st]
+        if skip:  # collectives inside warm-up steps are left out
+            idx = [i for i in idx if not (0 <= (j := bisect_right(ss, start[i]) - 1) < skip and start[i] < se[j])]
+        cs = [start[i] for i in idx]
+        ce = [end[i] for i in idx]
+        cn = [name_col[i] for i in idx]
+        js = [bisect_right(ss, a) - 1 for a in cs]
+        ks = [j if j >= 0 and a < se[j] else -1 for j, a in zip(js, cs)]
+        seen: dict[int, int] = {}
+        ords = []
+        for k, n in zip(ks, cn):
+            key = (k + 1) * nn + n
+            o = seen.get(key, 0)
+            seen[key] = o + 1
+            ords.append(o)
+        per[ranks[s]] = (ks, cn, ords, cs, ce)
+    found: list[tuple[int, int, int, int, dict[int, int], dict[int, int]]] = []  # (first, step, name, ordinal, ...)
+    ref = next(iter(per.values()))
+    if all(v[0] == ref[0] and v[1] == ref[1] and v[2] == ref[2] for v in per.values()):
+        # Every rank ran the same collectives in the same order (the usual case): match by position.
+        rl = list(per)
+        for k, n, o, col_s, col_e in zip(
+            ref[0], ref[1], ref[2], zip(*(v[3] for v in per.values())), zip(*(v[4] for v in per.values()))
+        ):
+            found.append((min(col_s), k, n, o, dict(zip(rl, col_s)), dict(zip(rl, col_e))))
+    else:
+        table: dict[tuple[int, int, int], tuple[dict[int, int], dict[int, int]]] = {}
+        for r, (ks, cn, ords, cs, ce) in per.items():
+            for key, a, e in zip(zip(ks, cn, ords), cs, ce):
+                got = table.get(key)
+                if got is None:
+                    got = table[key] = ({}, {})
+                got[0][r] = a
+                got[1][r] = e
+        found = [(min(arr.values()), k, n, o, arr, ends) for (k, n, o), (arr, ends) in table.items()]
+    found.sort(key=lambda x: x[0])
+    err = {r: align_err[s] + anchor[s] for s, r in enumerate(ranks)}  # one anchored end per arrival
+    occurrences = []
+    last_n = {r: 0 for r in ranks}
+    noisy_n = {r: 0 for r in ranks}
+    caused = {r: 0 for r in ranks}
+    suffered = {r: 0 for r in ranks}
+    for _, k, n, o, arr, ends in found:
+        last = max(arr, key=arr.__getitem__)  # ties: the lowest rank (the first in rank order)
+        t = arr[last]
+        waits = {r: t - a for r, a in arr.items()}
+        margin, called = 0, False
+        if len(arr) > 1:
+            runner = max((r for r in arr if r != last), key=arr.__getitem__)
+            margin = t - arr[runner]
+            called = margin > err[last] + err[runner]
+            if called:
+                last_n[last] += 1
+            else:
+                noisy_n[last] += 1
+            caused[last] += sum(waits.values())
+            for r, w in waits.items():
+                suffered[r] += w
+        occurrences.append(Occurrence(None if k < 0 else k, names[n], o, arr, ends, last, waits, margin, called))
+    per_rank = {r: CollectiveRank(last_n[r], caused[r], suffered[r], noisy_n[r]) for r in ranks}
+    rule = (
+        f"{coll_rule}; occurrences are matched across ranks by (step, name, order within the step); a rank is "
+        "called last when it arrived after every other rank by more than their two clock errors (alignment "
+        "error bar + device anchor uncertainty each)"
+    )
+    return Collectives(rule, occurrences, per_rank)
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+
+
+def _num(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _stats_json(r: NameStats) -> dict[str, Any]:
+    return {
+        "name": r.name,
+        "count": r.count,
+        "total_ns": r.total_ns,
+        "mean_ns": r.mean_ns,
+        "p50_ns": r.p50_ns,
+        "p90_ns": r.p90_ns,
+        "p99_ns": r.p99_ns,
+        "max_ns": r.max_ns,
+        "ranks": r.ranks,
+        "min_rank": r.min_rank,
+        "min_rank_total_ns": r.min_rank_total_ns,
+        "max_rank": r.max_rank,
+        "max_rank_total_ns": r.max_rank_total_ns,
+        "imbalance": _num(r.imbalance),
+        "slowest": {"rank": r.slowest.rank, "start_ns": r.slowest.start_ns, "end_ns": r.slowest.end_ns},
+    }
+
+
+def to_json(summary: Summary) -> dict[str, Any]:
+    """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
+    key = {r: str(r) for r in summary.ranks}
+
+    def keyed(d: dict[int, Any]) -> dict[str, Any]:
+        return {key[r]: v for r, v in d.items()}
+
+    out: dict[str, Any] = {
+        "ranks": summary.ranks,
+        "names": [_stats_json(r) for r in summary.names],
+        "by_rank": {key[r]: [_stats_json(x) for x in rows] for r, rows in summary.by_rank.items()},
+        "counts": {
+            key[r]: {
+                "spans": c.spans,
+                "unfinished": c.unfinished,
+                "dropped": c.dropped,
+                "skipped_in_capture": c.skipped_in_capture,
+                "warmup": c.warmup,
+            }
+            for r, c in summary.counts.items()
+        },
+        "steps": None,
+        "collectives": None,
+        "notes": summary.notes,
+    }
+    st = summary.steps
+    if st is not None:
+        out["steps"] = {
+            "name": st.name,
+            "skipped": st.skipped,
+            "count": st.count,
+            "ranks": st.ranks,
+            "rule": st.rule,
+            "start_ns": keyed(st.start_ns),
+            "end_ns": keyed(st.end_ns),
+            "busy_ns": keyed(st.busy_ns),
+            "wait_ns": keyed(st.wait_ns),
+            "median_busy_ns": st.median_busy_ns,
+            "verdicts": [
+                {
+                    "step": v.step,
+                    "rank": v.rank,
+                    "busy_ns": v.busy_ns,
+                    "median_ns": v.median_ns,
+                    "margin_ns": v.margin_ns,
+                    "margin_pct": _num(v.margin_pct),
+                    "noise_ns": v.noise_ns,
+                    "called": v.called,
+                }
+                for v in st.verdicts
+            ],
+            "times_slowest": keyed(st.times_slowest),
+        }
+    co = summary.collectives
+    if co is not None:
+        out["collectives"] = {
+            "rule": co.rule,
+            "occurrences": [
+                {
+                    "step": o.step,
+                    "name": o.name,
+                    "ordinal": o.ordinal,
+                    "arrivals": keyed(o.arrivals),
+                    "ends": keyed(o.ends),
+                    "last_rank": o.last_rank,
+                    "last_margin_ns": o.last_margin_ns,
+                    "last_called": o.last_called,
+                    "waits_ns": keyed(o.waits_ns),
+                }
+                for o in co.occurrences
+            ],
+            "per_rank": {
+                key[r]: {
+                    "times_last": c.times_last,
+                    "times_last_within_noise": c.times_last_within_noise,
+                    "wait_caused_ns": c.wait_caused_ns,
+                    "wait_suffered_ns": c.wait_suffered_ns,
+                }
+                for r, c in co.per_rank.items()
+            },
+        }
     return out
 
 
-def percentile(sorted_values: list[int], q: float) -> int:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return 0
-    k = max(0, min(len(sorted_values) - 1, -(-len(sorted_values) * q // 100) - 1))
-    return sorted_values[int(k)]
-
-
-def name_stats(by_rank: dict[int, dict[str, list[tuple[int, int]]]]) -> list[NameStats]:
-    names = sorted({n for names in by_rank.values() for n in names})
-    rows = []
-    for name in names:
-        totals = {r: sum(d for _, d in by_rank[r].get(name, ())) for r in by_rank if name in by_rank[r]}
-        ds = sorted(d for r in by_rank for _, d in by_rank[r].get(name, ()))
-        total = sum(ds)
-        lo = min(totals, key=lambda r: (totals[r], r))
-        hi = max(totals, key=lambda r: (totals[r], -r))
-        rows.append(
-            NameStats(
-                name,
-                len(ds),
-                total,
-                total / len(ds),
-                percentile(ds, 50),
-                percentile(ds, 90),
-                percentile(ds, 99),
-                ds[-1],
-                len(totals),
-                lo,
-                totals[lo],
-                hi,
-                totals[hi],
-                totals[hi] / totals[lo] if totals[lo] else float("inf") if totals[hi] else 1.0,
-            )
-        )
-    return sorted(rows, key=lambda r: (-r.total_ns, r.name))
-
-
-def busy_ns(start: int, dur: int, waits: list[tuple[int, int]]) -> int:
-    """`dur` minus the union of the wait intervals (sorted by start) inside [start, start+dur)."""
-    end, covered, reach = start + dur, 0, start
-    for ws, wd in waits:
-        if ws >= end:
-            break
-        a, b = max(ws, reach), min(ws + wd, end)
-        if b > a:
-            covered += b - a
-            reach = b
-    return dur - covered
-
-
-def step_stats(
-    by_rank: dict[int, dict[str, list[tuple[int, int]]]], step: str = "step", wait: re.Pattern[str] = WAIT_NAMES
-) -> StepStats | None:
-    """The k-th `step` span of each rank is step k; None when no rank has any."""
-    per_rank = {r: names[step] for r, names in by_rank.items() if step in names}
-    if not per_rank:
-        return None
-    waits = {
-        r: sorted(x for name, spans in by_rank[r].items() if name != step and wait.search(name) for x in spans)
-        for r in per_rank
-    }
-    n = min(len(v) for v in per_rank.values())
-    slowest = []
-    for k in range(n):
-        busy = {r: busy_ns(*per_rank[r][k], waits[r]) for r in per_rank}
-        rank = max(busy, key=lambda r: (busy[r], -r))
-        slowest.append((k, rank, busy[rank]))
-    counts = Counter(r for _, r, _ in slowest)
-    return StepStats(step, n, slowest, {r: counts.get(r, 0) for r in sorted(per_rank)})
+# ---- text ---------------------------------------------------------------------------------------
 
 
 def fmt_ns(ns: float) -> str:
-    if ns >= 1e9:
+    a = abs(ns)
+    if a >= 1e9:
         return f"{ns / 1e9:.3f} s"
-    if ns >= 1e6:
+    if a >= 1e6:
         return f"{ns / 1e6:.3f} ms"
-    if ns >= 1e3:
+    if a >= 1e3:
         return f"{ns / 1e3:.1f} us"
     return f"{ns:.0f} ns"
 
 
-def _grid(head: list[str], body: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
-    return "\n".join(
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-        for row in [head] + body
-    )
+def _signed(ns: int) -> str:
+    return ("+" if ns >= 0 else "-") + fmt_ns(abs(ns))
 
 
-def table(rows: list[NameStats], steps: StepStats | None = None) -> str:
-    multi = any(r.ranks > 1 for r in rows)
-    head = ["name", "count", "total", "mean", "p50", "p90", "p99", "max"]
+def _pct(p: float) -> str:
+    return f"{p:+.1f}%" if math.isfinite(p) else "+inf%"
+
+
+def _cell_width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _clip(text: str, width: int) -> str:
+    if _cell_width(text) <= width:
+        return text
+    out, w = [], 0
+    for c in text:
+        cw = _cell_width(c)
+        if w + cw > width - 2:
+            break
+        out.append(c)
+        w += cw
+    return "".join(out) + ".." if width >= 2 else "".join(out)[:width]
+
+
+@dataclass
+class _Col:
+    head: str
+    cells: list[str]
+    right: bool = True
+    keep: int = 0  # columns with the highest `keep` are dropped first when the width runs out
+    shrink: int = 0  # > 0: may be clipped down to this many columns
+
+
+def _grid(cols: list[_Col], width: int) -> list[str]:
+    """Rows of aligned columns that fit `width`: optional columns are dropped (least important
+    first) and clippable ones clipped until they do."""
+    cols = list(cols)
+
+    def widths() -> list[int]:
+        return [max(_cell_width(c) for c in [col.head, *col.cells]) for col in cols]
+
+    def total(ws: list[int]) -> int:
+        return sum(ws) + 2 * (len(ws) - 1)
+
+    ws = widths()
+    floor = [min(w, c.shrink) if c.shrink else w for c, w in zip(cols, ws)]
+    while total(floor) > width and any(c.keep for c in cols):
+        worst = max(range(len(cols)), key=lambda k: (cols[k].keep, k))
+        del cols[worst], ws[worst], floor[worst]
+    over = total(ws) - width
+    for k, c in enumerate(cols):
+        if over > 0 and c.shrink:
+            cut = min(over, ws[k] - floor[k])
+            ws[k] -= cut
+            over -= cut
+    lines = []
+    for row in range(len(cols[0].cells) + 1):
+        parts = []
+        for c, w in zip(cols, ws):
+            text = _clip(c.head if row == 0 else c.cells[row - 1], w)
+            pad = " " * (w - _cell_width(text))
+            parts.append(pad + text if c.right else text + pad)
+        lines.append(_clip("  ".join(parts).rstrip(), width))
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width=max(width, 20), subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out: list[str] = []
+    for r in sorted(ranks):
+        if out and out[-1][1] == r - 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))  # type: ignore[arg-type]
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)  # type: ignore[misc]
+
+
+def terminal_width() -> int:
+    """The terminal's width when output goes to one, else 100 columns."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return shutil.get_terminal_size((100, 24)).columns if tty else 100
+
+
+def _names_grid(rows: list[NameStats], width: int, multi: bool) -> list[str]:
+    cols = [
+        _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
+        _Col("count", [f"{r.count:,}" for r in rows]),
+        _Col("total", [fmt_ns(r.total_ns) for r in rows]),
+        _Col("mean", [fmt_ns(r.mean_ns) for r in rows], keep=4),
+        _Col("p50", [fmt_ns(r.p50_ns) for r in rows], keep=2),
+        _Col("p90", [fmt_ns(r.p90_ns) for r in rows], keep=5),
+        _Col("p99", [fmt_ns(r.p99_ns) for r in rows], keep=3),
+        _Col("max", [fmt_ns(r.max_ns) for r in rows], keep=1),
+    ]
     if multi:
-        head += ["least rank total", "largest rank total", "imbalance"]
-    body = []
-    for r in rows:
-        line = [r.name, str(r.count)] + [
-            fmt_ns(v) for v in (r.total_ns, r.mean_ns, r.p50_ns, r.p90_ns, r.p99_ns, r.max_ns)
+        cols += [
+            _Col("least rank", [f"{fmt_ns(r.min_rank_total_ns)} r{r.min_rank}" for r in rows], keep=7),
+            _Col("most rank", [f"{fmt_ns(r.max_rank_total_ns)} r{r.max_rank}" for r in rows], keep=6),
+            _Col("imbal", [f"{r.imbalance:.2f}x" if math.isfinite(r.imbalance) else "inf" for r in rows], keep=1),
         ]
-        if multi:
-            line += [
-                f"{fmt_ns(r.min_rank_total_ns)} (r{r.min_rank})",
-                f"{fmt_ns(r.max_rank_total_ns)} (r{r.max_rank})",
-                f"{r.imbalance:.2f}x",
+    return _grid(cols, width)
+
+
+def table(summary: Summary, width: int | None = None, by_rank: bool = False, top: int = 10) -> str:
+    """The summary as text no wider than `width` (default: the terminal's, or 100 columns when
+    output is not a terminal). `by_rank` adds a name table per rank and lists every rank."""
+    if width is None:
+        width = terminal_width()
+    width = max(width, 40)
+    s = summary
+    multi = len(s.ranks) > 1
+    out: list[str] = []
+    if s.names:
+        out += _names_grid(s.names, width, multi)
+    else:
+        out.append("no finished spans")
+    if by_rank and multi:
+        for r, rows in s.by_rank.items():
+            out += ["", f"rank {r}"]
+            out += _names_grid(rows, width, False) if rows else ["  no finished spans"]
+
+    # Per rank: what was left out or lost, steps called slowest, collective attribution.
+    co = s.collectives if s.collectives is not None and multi else None
+    st = s.steps
+    c = s.counts
+    anomalies = [r for r in s.ranks if c[r].unfinished or c[r].dropped or c[r].skipped_in_capture]
+    show = list(s.ranks)
+    hidden = 0
+    if len(show) > 16 and not by_rank:
+        keep = set(anomalies)
+        if st is not None:
+            keep |= {r for r, n in st.times_slowest.items() if n}
+        if co is not None:
+            keep |= set(sorted(s.ranks, key=lambda r: -co.per_rank[r].wait_caused_ns)[:8])
+        show = [r for r in s.ranks if r in keep][: top + 8]
+        hidden = len(s.ranks) - len(show)
+    out += [""]
+    total_spans = sum(x.spans for x in c.values())
+    out += _wrap(
+        f"{len(s.ranks)} rank{'s' if len(s.ranks) != 1 else ''}, {total_spans:,} finished spans"
+        + (f"; unfinished, dropped or skipped spans on ranks {_ranges(anomalies)}" if anomalies else
+           "; none unfinished, dropped or skipped in capture"),
+        width,
+    )  # fmt: skip
+    if show and (anomalies or co is not None or (st is not None and multi) or by_rank):
+
+        def opt(v: int | None) -> str:
+            return "?" if v is None else f"{v:,}"
+
+        cols = [
+            _Col("rank", [str(r) for r in show]),
+            _Col("spans", [f"{c[r].spans:,}" for r in show]),
+            _Col("unfinished", [f"{c[r].unfinished:,}" for r in show], keep=2),
+            _Col("dropped", [opt(c[r].dropped) for r in show], keep=2),
+            _Col("skipped", [opt(c[r].skipped_in_capture) for r in show], keep=3),
+        ]
+        if any(c[r].warmup for r in show):
+            cols.append(_Col("warm-up", [f"{c[r].warmup:,}" for r in show], keep=4))
+        if st is not None and multi:
+            cols.append(_Col("slowest", [f"{st.times_slowest.get(r, 0):,}" for r in show], keep=1))
+        if co is not None:
+            pr = co.per_rank
+            cols += [
+                _Col("last", [f"{pr[r].times_last:,}" for r in show], keep=1),
+                _Col("last~", [f"{pr[r].times_last_within_noise:,}" for r in show], keep=5),
+                _Col("wait caused", [fmt_ns(pr[r].wait_caused_ns) for r in show], keep=1),
+                _Col("wait suffered", [fmt_ns(pr[r].wait_suffered_ns) for r in show], keep=1),
             ]
-        body.append(line)
-    text = _grid(head, body)
-    if steps is not None and len(steps.times_slowest) > 1:
-        worst = max(steps.times_slowest, key=lambda r: (steps.times_slowest[r], -r))
-        text += (
-            f"\n\nslowest rank per {steps.name!r} (longest work before waiting in collectives; {steps.steps} steps): "
-            + ", ".join(f"rank {r}: {c}x" for r, c in sorted(steps.times_slowest.items()))
-            + f"; rank {worst} was slowest most often"
+        out += _grid(cols, width)
+        if hidden:
+            out += _wrap(f"({hidden} more ranks with nothing to report; --by-rank lists every rank)", width)
+        legend = "skipped: not recorded inside CUDA graph capture"
+        if st is not None and multi:
+            legend += "; slowest: steps called slowest"
+        if co is not None:
+            legend += "; last: collectives it arrived last in beyond the clock error (last~: within it)"
+        out += _wrap(legend, width)
+
+    if st is not None:
+        out += [""]
+        out += _wrap(
+            f"steps ({st.name!r}): {st.count:,} on every rank of {_ranges(st.ranks)}"
+            + (f", after {st.skipped} skipped" if st.skipped else ""),
+            width,
         )
-    return text
+        if multi and len(st.ranks) > 1:
+            out += _wrap("rule: " + st.rule, width)
+            called = [v for v in st.verdicts if v.called]
+            if called:
+                worst = max(st.times_slowest, key=lambda r: (st.times_slowest[r], -r))
+                out += _wrap(
+                    f"rank {worst} was slowest most often: {st.times_slowest[worst]:,} of {st.count:,} steps; "
+                    + "called slowest: "
+                    + ", ".join(f"rank {r} {n:,}x" for r, n in sorted(st.times_slowest.items()) if n),
+                    width,
+                )
+                shown = sorted(called, key=lambda v: (-v.margin_ns, v.step))[:top]
+                out += _grid(_verdict_cols(shown), width)
+                if len(called) > len(shown):
+                    out += _wrap(f"({len(called) - len(shown):,} more steps with a rank called slowest)", width)
+            elif st.verdicts:
+                v = max(st.verdicts, key=lambda v: (v.margin_pct, v.margin_ns))
+                out += _wrap(
+                    f"no rank was slowest beyond the noise in any of the {st.count:,} steps "
+                    f"(largest margin: rank {v.rank} in step {v.step}, {_signed(v.margin_ns)}, {_pct(v.margin_pct)}"
+                    f" of {fmt_ns(v.median_ns)})",
+                    width,
+                )
+
+    if co is not None:
+        out += [""]
+        matched = [o for o in co.occurrences if len(o.arrivals) > 1]
+        out += _wrap(
+            f"collectives: {len(co.occurrences):,} occurrences, {len(matched):,} matched on two or more ranks",
+            width,
+        )
+        out += _wrap("rule: " + co.rule, width)
+        worst = sorted(matched, key=lambda o: -sum(o.waits_ns.values()))[: min(top, 5)]
+        worst = [o for o in worst if sum(o.waits_ns.values()) > 0]
+        if worst:
+            out += _wrap("longest waits:", width)
+            out += _grid(
+                [
+                    _Col("step", ["-" if o.step is None else str(o.step) for o in worst]),
+                    _Col("name", [_printable(o.name) for o in worst], right=False, shrink=12),
+                    _Col("#", [str(o.ordinal) for o in worst], keep=2),
+                    _Col("last", [f"rank {o.last_rank}" for o in worst]),
+                    _Col("by", [_signed(o.last_margin_ns) + ("" if o.last_called else " ~") for o in worst]),
+                    _Col("others waited", [fmt_ns(sum(o.waits_ns.values())) for o in worst]),
+                    _Col("longest wait", [_longest_wait(o) for o in worst], keep=1),
+                ],
+                width,
+            )
+
+    if s.notes:
+        out += [""]
+        for n in s.notes:
+            out += _wrap("note: " + n, width)
+    return "\n".join(line[:width] if _cell_width(line) > width else line for line in out)
 
 
-def to_json(rows: list[NameStats], steps: StepStats | None) -> dict[str, Any]:
-    return {"names": [asdict(r) for r in rows], "steps": asdict(steps) if steps is not None else None}
+def _longest_wait(o: Occurrence) -> str:
+    r = max(o.waits_ns, key=lambda r: (o.waits_ns[r], -r))
+    return f"{fmt_ns(o.waits_ns[r])} r{r}"
+
+
+def _verdict_cols(vs: list[StepVerdict]) -> list[_Col]:
+    return [
+        _Col("step", [str(v.step) for v in vs]),
+        _Col("slowest", [f"rank {v.rank}" for v in vs]),
+        _Col("busy", [fmt_ns(v.busy_ns) for v in vs]),
+        _Col("median", [fmt_ns(v.median_ns) for v in vs]),
+        _Col("margin", [_signed(v.margin_ns) for v in vs]),
+        _Col("margin %", [_pct(v.margin_pct) for v in vs]),
+        _Col("clock error", [fmt_ns(v.noise_ns) for v in vs], keep=1),
+    ]
