@@ -497,7 +497,7 @@ class ProcessWriter:
             tid = self._tids[key] = self._next_tid
             t = trace.tracks[track]
             name = t.name if lane == 0 else f"{t.name} (overflow {lane})"
-            sort = _track_sort(t) * 1000 + lane
+            sort = _track_sort(t) * 10 + min(lane, 9)
             out.append(
                 b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
                 % (self.pid, tid, dumps(name))
@@ -520,10 +520,11 @@ class ProcessWriter:
 
 
 def _track_sort(t: Track) -> int:
-    # CUDA streams first, by device and stream; then host threads; then the rest.
+    # CUDA streams first, by device and stream; then host threads; then the rest. Small numbers:
+    # Perfetto reads sort indices as 32-bit integers.
     kind = {"cuda": 0, "cpu": 1, "counter": 3}.get(t.kind, 2)
     ordinal = t.ordinal if isinstance(t.ordinal, int) else 0
-    return kind * 100_000_000 + (t.device or 0) * 1_000_000 + min(ordinal, 999_999)
+    return kind * 1_000_000 + min(t.device or 0, 99) * 10_000 + min(max(ordinal, 0), 9_999)
 
 
 def encode_spans(
@@ -555,7 +556,7 @@ def encode_spans(
     while len(name_json) < len(names):
         name_json.append(dumps(names[len(name_json)]))
     cats = sp.cat
-    if _encode_events is not None and isinstance(cats, _NoCats):
+    if _encode_events is not None and (isinstance(cats, _NoCats) or all(cats[i] is None for i in rows)):
         # The C encoder: each row's "track" is its tid's slot here, its lane 0.
         slot: dict[int, int] = {}
         tid_list: list[int] = []
