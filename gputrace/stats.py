@@ -164,13 +164,12 @@ class UnknownStepError(GputraceError):
 # ---- computing ----------------------------------------------------------------------------------
 
 
-def percentile(sorted_values: Sequence[int], q: float) -> int:
-    """Nearest-rank percentile of an ascending sequence."""
+def percentile(sorted_values: Sequence[int], q: int) -> int:
+    """Nearest-rank percentile (q in 1..100) of an ascending sequence, in integers."""
     n = len(sorted_values)
     if not n:
         return 0
-    k = max(0, min(n - 1, math.ceil(n * q / 100) - 1))
-    return sorted_values[k]
+    return sorted_values[max(0, min(n - 1, (n * q + 99) // 100 - 1))]
 
 
 def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_step: bool = False) -> Summary:
@@ -502,7 +501,8 @@ def _steps(
     rule = (
         f"a rank is called slowest in a step only when its busy time (the step minus its time inside "
         f"collectives) exceeds the step's median over ranks by more than {MARGIN_PCT:g}% and by more than its "
-        "clock error on a duration (twice its device anchor uncertainty: a duration has two anchored ends)"
+        "clock error on a duration: twice its device anchor uncertainty, as a duration has two anchored ends "
+        "(the offsets between ranks' clocks cancel out of a duration measured on one rank)"
     )
     return Steps(step, skip, count, srank, starts, ends, busy, wait, medians, verdicts, rule, times)
 
@@ -540,9 +540,9 @@ def _collectives(
         seen: dict[int, int] = {}
         ords = []
         for k, n in zip(ks, cn):
-            key = (k + 1) * nn + n
-            o = seen.get(key, 0)
-            seen[key] = o + 1
+            sk = (k + 1) * nn + n
+            o = seen.get(sk, 0)
+            seen[sk] = o + 1
             ords.append(o)
         per[ranks[s]] = (ks, cn, ords, cs, ce)
     found: list[tuple[int, int, int, int, dict[int, int], dict[int, int]]] = []  # (first, step, name, ordinal, ...)
@@ -799,13 +799,13 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def _ranges(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2, 5"."""
-    out: list[str] = []
+    runs: list[list[int]] = []
     for r in sorted(ranks):
-        if out and out[-1][1] == r - 1:
-            out[-1] = (out[-1][0], r)
+        if runs and runs[-1][1] == r - 1:
+            runs[-1][1] = r
         else:
-            out.append((r, r))  # type: ignore[arg-type]
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)  # type: ignore[misc]
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def terminal_width() -> int:
@@ -951,19 +951,19 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
             width,
         )
         out += _wrap("rule: " + co.rule, width)
-        worst = sorted(matched, key=lambda o: -sum(o.waits_ns.values()))[: min(top, 5)]
-        worst = [o for o in worst if sum(o.waits_ns.values()) > 0]
-        if worst:
+        longest = sorted(matched, key=lambda o: -sum(o.waits_ns.values()))[: min(top, 5)]
+        longest = [o for o in longest if sum(o.waits_ns.values()) > 0]
+        if longest:
             out += _wrap("longest waits:", width)
             out += _grid(
                 [
-                    _Col("step", ["-" if o.step is None else str(o.step) for o in worst]),
-                    _Col("name", [_printable(o.name) for o in worst], right=False, shrink=12),
-                    _Col("#", [str(o.ordinal) for o in worst], keep=2),
-                    _Col("last", [f"rank {o.last_rank}" for o in worst]),
-                    _Col("by", [_signed(o.last_margin_ns) + ("" if o.last_called else " ~") for o in worst]),
-                    _Col("others waited", [fmt_ns(sum(o.waits_ns.values())) for o in worst]),
-                    _Col("longest wait", [_longest_wait(o) for o in worst], keep=1),
+                    _Col("step", ["-" if o.step is None else str(o.step) for o in longest]),
+                    _Col("name", [_printable(o.name) for o in longest], right=False, shrink=12),
+                    _Col("#", [str(o.ordinal) for o in longest], keep=2),
+                    _Col("last", [f"rank {o.last_rank}" for o in longest]),
+                    _Col("by", [_signed(o.last_margin_ns) + ("" if o.last_called else " ~") for o in longest]),
+                    _Col("others waited", [fmt_ns(sum(o.waits_ns.values())) for o in longest]),
+                    _Col("longest wait", [_longest_wait(o) for o in longest], keep=1),
                 ],
                 width,
             )
