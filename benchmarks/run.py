@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gputrace  # noqa: E402
-from gputrace import api, record  # noqa: E402
+from gputrace import record, session  # noqa: E402
 
 
 @dataclass
@@ -71,7 +71,7 @@ def fmt(v: float, unit: str) -> str:
 
 def reset() -> None:
     record.set_recorder(None, None)
-    api._config = gputrace.Config()
+    session.SESSION.close()
 
 
 def interleaved(
@@ -462,7 +462,7 @@ def bench_pipeline(quick: bool, cuda: bool) -> None:
         record.ACTIVE.flush(wait=True)  # type: ignore[union-attr]
         resolve_s.append(n / (time.perf_counter() - t0))
         t0 = time.perf_counter()
-        data = api.trace_bytes()  # what save() writes: layout, encoding, metadata
+        data = session.trace_bytes()  # what save() writes: layout, encoding, metadata
         export_s.append(n / (time.perf_counter() - t0))
         del data
     kind = "CUDA" if cuda else "host"
@@ -571,25 +571,37 @@ def bench_merge(quick: bool) -> None:
     )
 
 
+# name index, track, start, end of each span of one synthetic step, in the order they end
+_STEP_SHAPE = ((2, 0, 20, 300), (1, 0, 10, 400), (3, 0, 500, 900), (5, 1, 600, 950), (0, 0, 0, 1000))
+
+
 def write_synthetic(directory: str, ranks: int, per: int) -> None:
     """Per-rank traces of `per` spans each, as the recorder writes them."""
-    from gputrace.export import ProcessInfo, TrackInfo, build_trace, write
+    from gputrace.trace import chrome
+    from gputrace.trace.model import Process, Trace, Track
 
     base = time.time_ns()
     names = ["step", "forward", "block", "backward", "optimizer", "all_reduce"]
     for r in range(ranks):
-        ni, ti, st, en = [], [], [], []
-        t = base + r * 1000
-        for i in range(per // 5):
-            ni += [0, 1, 2, 3, 5]
-            ti += [0, 0, 0, 0, 1]
-            st += [t, t + 10, t + 20, t + 500, t + 600]
-            en += [t + 1000, t + 400, t + 300, t + 900, t + 950]
-            t += 1000
-        tracks = [TrackInfo("cuda:0 default stream", True, 0, 0), TrackInfo("cuda:0 stream 1", True, 0, 1)]
         meta = {"gputrace_version": gputrace.__version__, "rank": r, "world_size": ranks, "rank_source": "env"}
-        trace = build_trace(names, ni, ti, st, en, [None] * len(st), tracks, ProcessInfo(r, ranks, f"rank {r}", meta))
-        write(os.path.join(directory, f"trace_rank{r}.json"), trace)
+        trace = Trace(dict(meta))
+        p = trace.add_process(Process(r + 1, r, f"rank {r}", r, meta))
+        tracks = [
+            trace.add_track(Track(p, 0, "cuda:0 default stream", "cuda", 0, 0)),
+            trace.add_track(Track(p, 1, "cuda:0 stream 1", "cuda", 0, 1)),
+        ]
+        t = base + r * 1000
+        for _ in range(per // 5):
+            for ni, ti, s0, e0 in (
+                (2, 0, 20, 300),
+                (1, 0, 10, 400),
+                (3, 0, 500, 900),
+                (5, 1, 600, 950),
+                (0, 0, 0, 1000),
+            ):
+                trace.add_span(names[ni], tracks[ti], t + s0, t + e0)
+            t += 1000
+        chrome.write(trace, os.path.join(directory, f"trace_rank{r}.json"))
 
 
 # ---- report ------------------------------------------------------------------------------------

@@ -650,7 +650,7 @@ def trace() -> Trace:
 
 def trace_bytes() -> bytes:
     """Everything recorded so far as Chrome trace JSON (waits for the GPU)."""
-    return chrome.encode(trace())
+    return chrome.encode(trace(), ordered=True)
 
 
 def trace_dict() -> dict[str, Any]:

@@ -395,6 +395,9 @@ class Layout:
     overflow lane, never let two spans cross."""
 
     MAX_KEPT = 256
+    #: Spans that come in the order they ended and all nest skip the lane search; a layout whose
+    #: `fits` adds rules turns this off.
+    fast_path = True
 
     def __init__(self) -> None:
         self._lanes: dict[int, list[tuple[list[int], list[int]]]] = {}  # track -> lanes: (starts, ends)
@@ -414,6 +417,14 @@ class Layout:
         lane = [0] * len(starts)
         for t, rows in by_track.items():
             lanes = self._lanes.setdefault(t, [])
+            if not lanes:
+                lanes.append(([], []))
+            kept = None
+            if self.fast_path:
+                kept = _nest_in_end_order(lanes[0], [starts[i] for i in rows], [ends[i] for i in rows], self.MAX_KEPT)
+            if kept is not None:  # the usual case: all on the track itself
+                lanes[0] = kept
+                continue
             order = sorted(rows, key=lambda i: (starts[i], -ends[i]))  # stable: ties keep their order
             stacks: list[list[int]] = [[] for _ in lanes]  # per lane: ends of this piece's open spans
             roots: list[list[tuple[int, int]]] = [[] for _ in lanes]
@@ -449,6 +460,33 @@ class Layout:
         """Does [s, e) nest with the spans kept for `lane` (those of earlier pieces)? A method, so
         a format with stricter rules can add them (Perfetto's begin/end events)."""
         return _fits(lane, s, e)
+
+
+def _nest_in_end_order(
+    lane: tuple[list[int], list[int]], starts: list[int], ends: list[int], limit: int
+) -> tuple[list[int], list[int]] | None:
+    """The fast path of `Layout.place`, for spans that come in the order they ended (as a
+    recorder resolves them) and all nest: one pass keeps the outermost spans as a stack (a span
+    takes in every kept span that starts at or after it, since those end no later). Returns the
+    lane's new kept spans, or None (out of order, or a span crosses one) for the general path."""
+    ks, ke = list(lane[0]), list(lane[1])
+    last = ke[-1] if ke else None
+    for s, e in zip(starts, ends):
+        if last is not None and e < last:
+            return None
+        last = e
+        while ks and ks[-1] >= s:
+            ks.pop()
+            ke.pop()
+        if ke and ke[-1] > s:
+            return None
+        ks.append(s)
+        ke.append(e)
+    if len(ks) > limit:  # join the oldest into one (see the class docstring)
+        k = len(ks) - limit + 1
+        ks[:k] = [ks[0]]
+        ke[:k] = [ke[k - 1]]
+    return ks, ke
 
 
 def _fits(lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
@@ -547,31 +585,29 @@ def encode_spans(
     if lanes is None:
         lanes = writer.layout.place(tracks, starts, ends)
     meta: list[bytes] = []
-    tids = [writer.tid(trace, t, k, meta) for t, k in zip(tracks, lanes)]
+    keys = list(zip(tracks, lanes))
+    slot_of: dict[tuple[int, int], int] = {}
+    tid_list: list[int] = []
+    cat_list: list[bytes] = []
+    for key in dict.fromkeys(keys):  # the piece's (track, lane)s, first-seen order
+        slot_of[key] = len(tid_list)
+        tid_list.append(writer.tid(trace, key[0], key[1], meta))
+        cat_list.append(b'"cuda"' if trace.tracks[key[0]].kind == "cuda" else b'"cpu"')
     out.extend(meta)
-    if min(starts) < base_ns or any(e < s for s, e in zip(starts, ends)):
-        raise ValueError("a span starts before the trace's base or ends before it starts")
     names = trace.names
     name_json = writer.name_json
     while len(name_json) < len(names):
         name_json.append(dumps(names[len(name_json)]))
     cats = sp.cat
     if _encode_events is not None and (isinstance(cats, _NoCats) or all(cats[i] is None for i in rows)):
-        # The C encoder: each row's "track" is its tid's slot here, its lane 0.
-        slot: dict[int, int] = {}
-        tid_list: list[int] = []
-        cat_list: list[bytes] = []
-        for t, tid in zip(tracks, tids):
-            if tid not in slot:
-                slot[tid] = len(tid_list)
-                tid_list.append(tid)
-                cat_list.append(b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"')
+        # The C encoder (it refuses a span before the base or ending before it starts): each
+        # row's "track" is its (track, lane)'s slot here, its lane 0.
         body = _encode_events(
             name_json,
             [sp.name[i] for i in rows],
             cat_list,
-            [slot[tid] for tid in tids],
-            [0] * len(tids),
+            [slot_of[k] for k in keys],
+            [0] * len(keys),
             tid_list,
             writer.pid,
             starts,
@@ -583,6 +619,9 @@ def encode_spans(
         # events, as JSON strings escape their quotes.
         out.append(body.replace(b'},{"ph"', b'},\n{"ph"') + b",\n")
         return
+    if min(starts) < base_ns or any(e < s for s, e in zip(starts, ends)):
+        raise ValueError("a span starts before the trace's base or ends before it starts")
+    tids = [tid_list[slot_of[k]] for k in keys]
     pid = writer.pid
     default_cat = {t: (b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"') for t in set(tracks)}
     lines = []
@@ -696,7 +735,7 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
 
 
 def layout_pieces(
-    trace: Trace, writers: dict[int, ProcessWriter], ordered: bool = False, step: int = 65536
+    trace: Trace, writers: dict[int, ProcessWriter], ordered: bool = False, step: int = 16384
 ) -> list[tuple[ProcessWriter, Sequence[int], list[int]]]:
     """Each process's spans in pieces of at most `step`, with the lane of each span decided by its
     process's writer (`writers`: process index -> writer). The JSON and Perfetto writers both lay
@@ -738,9 +777,9 @@ def write(trace: Trace, path: str, base_ns: int | None = None, ordered: bool = F
         _close_list(f)
 
 
-def encode(trace: Trace, base_ns: int | None = None) -> bytes:
+def encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> bytes:
     """The whole trace as object-form JSON bytes (for small traces and tests)."""
-    data = b"".join(iter_encode(trace, base_ns))
+    data = b"".join(iter_encode(trace, base_ns, ordered))
     return data[:-2] + b"\n]}" if data.endswith(b",\n") else data + b"]}"
 
 
