@@ -158,7 +158,14 @@ def summary(
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
-@click.option("-o", "--out", required=True, help="the merged trace to write")
+@click.option("-o", "--out", required=True, help="the merged trace to write (.json, or .pftrace for protobuf)")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "perfetto"]),
+    default=None,
+    help="the output's format  [default: by the extension of --out]",
+)
 @click.option(
     "--align",
     type=click.Choice(["clock", "none"]),
@@ -177,27 +184,68 @@ def summary(
     "--occurrence", default=1, show_default=True, type=click.IntRange(1), help="which NAME span, with --align-on"
 )
 @click.option("--rank-from-filename", is_flag=True, help="take each rank from 'rank<N>' in its file name")
+@click.option("--allow-mixed", is_flag=True, help="merge files of different runs or world sizes anyway")
+@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7")
+@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200")
+@click.option("--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start")
+@click.option("--step", default="step", show_default=True, help="the span that marks one step, for --steps")
+@click.option("--workers", default=None, type=click.IntRange(1), help="processes reading ranks  [default: by size]")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar")
 @_guard
 def merge(
     paths: tuple[str, ...],
     out: str,
+    fmt: str | None,
     align: str,
     align_on: str | None,
     occurrence: int,
     rank_from_filename: bool,
+    allow_mixed: bool,
+    ranks: str | None,
+    steps: str | None,
+    window: str | None,
+    step: str,
+    workers: int | None,
     quiet: bool,
 ) -> None:
-    """Merge per-rank traces (files, directories or globs) into one aligned timeline."""
+    """Merge per-rank traces (files, directories or globs) into one aligned timeline; a
+    torch.profiler trace of a rank joins that rank."""
     from gputrace import merge as merge_mod
 
-    meta = merge_mod.merge(paths, out, align, align_on, occurrence, rank_from_filename, _progress(quiet))
-    for rank, a in meta["alignment"]["per_rank"].items():
+    meta = merge_mod.merge(
+        paths,
+        out,
+        align,
+        align_on,
+        occurrence,
+        rank_from_filename,
+        _progress(quiet),
+        fmt=fmt,
+        allow_mixed=allow_mixed,
+        ranks=merge_mod.parse_ranks(ranks) if ranks else None,
+        steps=merge_mod.parse_steps(steps) if steps else None,
+        window=merge_mod.parse_window(window) if window else None,
+        step_name=step,
+        workers=workers,
+    )
+    per_rank = list(meta["alignment"].get("per_rank", {}).items())
+    shown = per_rank if len(per_rank) <= 16 else per_rank[:8]
+    for rank, a in shown:
         note = "; ".join(a.get("notes", []))
+        dev = a.get("device")
         click.echo(
             f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+            + (f", device {dev['offset_ns'] / 1e3:+.1f} us +- {dev['error_ns'] / 1e3:.1f} us" if dev else "")
             + (f" ({note})" if note else "")
         )
+    if len(shown) < len(per_rank):
+        rest = [a for _, a in per_rank[len(shown) :]]
+        lo, hi = min(a["offset_ns"] for a in rest), max(a["offset_ns"] for a in rest)
+        worst = max(a["error_ns"] for a in rest)
+        span = f"offsets {lo / 1e3:+.1f} to {hi / 1e3:+.1f} us, errors up to {worst / 1e3:.1f} us"
+        click.echo(f"... {len(rest)} more ranks: {span}")
+    for note in meta.get("notes", []):
+        click.echo(f"note: {note}")
     click.echo(f"wrote {out}")
 
 
