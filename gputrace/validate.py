@@ -1,22 +1,44 @@
-"""Validation: does a trace file pass the rules Perfetto's JSON importer applies?
+"""Validation: will Perfetto load this trace the way it was meant?
 
-Takes: a trace file. Gives: a `Report` of problems (errors: Perfetto would drop, spill or
-misplace something; warnings: it loads, but not as meant), checked the way the importer reads:
-file shape, pid/tid ranges, non-negative times that survive `llround(ts * 1000)`, and per-track
-nesting after its sort (by ts; at equal ts the longest first).
+Takes: a trace file (Chrome JSON written by gputrace or any other tool, or Perfetto protobuf), or
+a Chrome trace already parsed into a dict. Gives: a `Report` of errors (Perfetto rejects the
+file, or drops, spills or misplaces events, and says so in its import errors) and warnings (it
+loads, but not quite as meant).
+
+The rules are Perfetto's own, from its JSON importer (json_trace_tokenizer.cc, json_trace_parser.cc,
+slice_tracker.cc, trace_sorter), not gputrace's habits, so another tool's trace that the UI loads
+cleanly passes:
+- Detection: the first 128 bytes with all whitespace removed start with `{"` or `[{"`.
+- The object form must be complete; the array form may end anywhere (a streamed file).
+- Every event is an object; a non-empty one has `ph`; all but metadata (`M`) events have a `ts`
+  that is a number or a numeric string; `X` events have a numeric `dur`, not negative.
+- Times are `ts * 1000` ns (exact for integers, `llround` otherwise); a negative one is dropped.
+- pid/tid are strings (kept as names) or integers in 0..2^32-1 (others become 0); tid 0 means
+  the pid's main thread.
+- `X` events of one thread, sorted by start and at equal starts the longest first, must nest:
+  one that partly overlaps an open one is spilled to an overflow track with an import error.
+For gputrace's own files its conventions are checked as well, as warnings (pid = rank + 1 and
+never 0, named processes, no thread whose tid equals its pid, `"rank": R` findable by HTA).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gputrace.errors import TraceFormatError
-from gputrace.traceio import read_trace
+from gputrace.trace import chrome
+from gputrace.trace.files import detect, read_bytes
 
 UINT32 = 2**32
 MAX_EXACT_TS_US = 2**53 / 1000  # beyond this a double cannot hold every nanosecond
+SNIFF_BYTES = 128  # what Perfetto looks at to decide a file is JSON
+_JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
+_HTA_RANK = re.compile(rb'"rank":\s+(\d+)')
 
 
 @dataclass
@@ -26,6 +48,7 @@ class Report:
     tracks: int = 0
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    own: bool = False  # written by gputrace (its conventions were checked too)
 
     @property
     def ok(self) -> bool:
@@ -34,70 +57,132 @@ class Report:
 
 def validate_file(path: str, limit: int = 20) -> Report:
     """Check one file; at most `limit` problems of each kind are listed (the count is kept)."""
+    data = read_bytes(path)
     report = Report(path)
+    if detect(path, data[:64]) == "perfetto":
+        return _validate_proto(path, data, report, limit)
+    sniff = bytes(b for b in data[:SNIFF_BYTES] if b not in b" \t\n\r\v\f")
+    if not (sniff.startswith(b'{"') or sniff.startswith(b'[{"')):
+        report.errors.append(
+            'the file does not start with {" or [{" (whitespace aside): Perfetto will not recognise it as JSON'
+        )
     try:
-        with open(path, "rb") as f:
-            head = f.read(64).lstrip()
-    except OSError as e:
-        raise TraceFormatError(path, e.strerror or str(e)) from None
-    if not (head.startswith(b'{"') or head.startswith(b"[{") or head.startswith(b"[ {") or head.startswith(b"[\n")):
-        report.errors.append('file does not start with {" or [{ : Perfetto will not detect it as JSON')
-    trace = read_trace(path)
+        trace: Any = orjson.loads(data)
+        complete = True
+    except orjson.JSONDecodeError:
+        header, events = chrome._parse(path, data)  # a file cut off: its complete events
+        trace = {**header, "traceEvents": events}
+        complete = data.lstrip()[:1] == b"["
+        if not complete:
+            report.errors.append(
+                "the file ends before its closing brackets (cut off?): Perfetto reports the trace as incomplete"
+            )
+    if isinstance(trace, list):
+        events = trace
+        trace = {"traceEvents": events}
+        for e in events:  # a streamed gputrace file carries its header as metadata events
+            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "gputrace":
+                args = e.get("args") if isinstance(e.get("args"), dict) else {}
+                trace.setdefault("metadata", {}).update(args.get("metadata") or {})
+                if "distributedInfo" in args:
+                    trace["distributedInfo"] = args["distributedInfo"]
+    elif not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
     validate(trace, report, limit)
+    if report.own and complete and data.lstrip()[:1] == b"{" and _is_rank_file(trace):
+        if not _HTA_RANK.search(data[:4096]):
+            report.warnings.append('no "rank": R (with a space) in the header: HTA will not find this trace\'s rank')
     return report
 
 
+def _is_rank_file(trace: dict[str, Any]) -> bool:
+    meta = trace.get("metadata") if isinstance(trace.get("metadata"), dict) else {}
+    return not meta.get("merged")
+
+
 def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
+    """Check a parsed Chrome trace (`{"traceEvents": [...], ...}`) into `report`."""
     errors: list[str] = []
     warnings: list[str] = []
+    meta = trace.get("metadata")
+    own = isinstance(meta, dict) and ("gputrace_version" in meta or bool(meta.get("merged")))
+    report.own = own
+    base = trace.get("baseTimeNanoseconds")
+    if own and base is not None and (not isinstance(base, int) or isinstance(base, bool)):
+        errors.append("baseTimeNanoseconds is not an integer")
     named_pids: set[Any] = set()
     pids: set[Any] = set()
-    by_track: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    base = trace.get("baseTimeNanoseconds")
-    if base is not None and not isinstance(base, int):
-        errors.append("baseTimeNanoseconds is not an integer")
-    meta = trace.get("metadata")
-    if "traceEvents" in trace and meta is not None and not isinstance(meta, dict):
-        errors.append("metadata is not an object")
+    main_threads: set[Any] = set()
+    by_thread: dict[tuple[Any, Any], list[tuple[int, int, int]]] = {}
     for i, e in enumerate(trace["traceEvents"]):
         if not isinstance(e, dict):
-            errors.append(f"event {i}: not an object")
+            errors.append(f"event {i}: not a JSON object: Perfetto stops reading the file here")
             continue
         ph = e.get("ph")
+        if not ph:
+            if e:
+                errors.append(f"event {i}: no 'ph': Perfetto drops it")
+            continue
         if ph == "M":
             if e.get("name") == "process_name":
                 named_pids.add(e.get("pid"))
             continue
-        if ph != "X":
-            continue
-        pid, tid = e.get("pid"), e.get("tid")
         where = f"event {i} ({e.get('name')!r})"
-        if not _uint32(pid) or not _uint32(tid):
-            errors.append(f"{where}: pid/tid must be integers in 0..2^32-1, got {pid!r}/{tid!r}")
-            continue
-        if pid == 0:
-            warnings.append(f"{where}: pid 0 is the kernel's swapper in Perfetto; gputrace uses rank + 1")
-        pids.add(pid)
-        if not isinstance(e.get("name"), str):
-            errors.append(f"{where}: name is not a string")
-        ts, dur = e.get("ts"), e.get("dur", 0)
-        if not _number(ts) or not _number(dur):
-            errors.append(f"{where}: ts/dur must be finite numbers, got {ts!r}/{dur!r}")
+        pid = _id(e.get("pid"))
+        tid = _id(e.get("tid"))
+        if ph == "X":
+            raw_pid, raw_tid = e.get("pid"), e.get("tid")
+            if _out_of_range(raw_pid) or _out_of_range(raw_tid):
+                errors.append(
+                    f"{where}: pid/tid must be integers in 0..2^32-1 (or strings), got {raw_pid!r}/{raw_tid!r}: "
+                    "Perfetto turns others into 0"
+                )
+            for label, raw, key in (("pid", raw_pid, pid), ("tid", raw_tid, tid)):
+                if key is None:
+                    warnings.append(f"{where}: {label} {raw!r} is not a number or string: Perfetto uses 0")
+        ts = _to_ns(e.get("ts"))
+        if ts is None:
+            errors.append(f"{where}: ts {e.get('ts')!r} is not a number: Perfetto drops the event")
             continue
         if ts < 0:
-            errors.append(f"{where}: negative ts {ts}")
-        if dur < 0:
-            errors.append(f"{where}: negative dur {dur}")
+            errors.append(f"{where}: negative ts {e.get('ts')}: Perfetto drops events before time 0")
             continue
-        if abs(ts) > MAX_EXACT_TS_US:
-            warnings.append(f"{where}: ts {ts} us is too large for nanosecond precision; write it relative to a base")
-        start = _llround(ts * 1000)
-        end = start + _llround(dur * 1000)
-        by_track.setdefault((pid, tid), []).append((start, end, i))
-    for pid in sorted(pids - named_pids):
-        warnings.append(f"pid {pid} has no process_name")
-    for (pid, tid), spans in sorted(by_track.items()):
-        spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
+        if isinstance(e.get("ts"), float) and abs(e["ts"]) > MAX_EXACT_TS_US:
+            warnings.append(
+                f"{where}: ts {e['ts']} us is too large for nanosecond precision; write it relative to a base"
+            )
+        if ph != "X":
+            continue
+        if "dur" not in e:
+            errors.append(f"{where}: an X event without dur: Perfetto drops it")
+            continue
+        dur = _to_ns(e.get("dur"))
+        if dur is None:
+            errors.append(f"{where}: dur {e.get('dur')!r} is not a number: Perfetto drops the event")
+            continue
+        if dur < 0:
+            errors.append(f"{where}: negative dur {e.get('dur')}: Perfetto drops the slice")
+            continue
+        if not isinstance(e.get("name"), str):
+            warnings.append(f"{where}: name is not a string: the slice has no name")
+        pid = pid if pid is not None else ("n", 0)
+        tid = tid if tid is not None else ("n", 0)
+        if tid == ("n", 0) and pid != ("n", 0):
+            tid = pid  # Perfetto: tid 0 is the process's main thread
+        if own:
+            if pid == ("n", 0):
+                warnings.append(f"{where}: pid 0 is the kernel's swapper in Perfetto; gputrace uses rank + 1")
+            elif tid == pid:
+                main_threads.add(pid)
+        pids.add(e.get("pid"))
+        by_thread.setdefault((pid, tid), []).append((ts, ts + dur, i))
+    if own:
+        for pid in sorted(pids - named_pids, key=repr):
+            warnings.append(f"pid {pid!r} has no process_name")
+        for pid in sorted(main_threads, key=repr):
+            warnings.append(f"pid {pid[1]!r}: a thread whose tid equals the pid is drawn first, as the main thread")
+    for (pid, tid), spans in sorted(by_thread.items(), key=repr):
+        spans.sort(key=lambda s: (s[0], s[0] - s[1]))
         stack: list[tuple[int, int, int]] = []
         for s in spans:
             while stack and stack[-1][1] <= s[0]:
@@ -105,24 +190,88 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
             if stack and s[1] > stack[-1][1]:
                 p = stack[-1]
                 errors.append(
-                    f"pid {pid} tid {tid}: event {s[2]} [{s[0]}, {s[1]}) ns partly overlaps event {p[2]} "
-                    f"[{p[0]}, {p[1]}) ns: Perfetto drops it or moves it to an error track"
+                    f"pid {pid[1]!r} tid {tid[1]!r}: event {s[2]} [{s[0]}, {s[1]}) ns partly overlaps event {p[2]} "
+                    f"[{p[0]}, {p[1]}) ns: Perfetto moves it to an overflow track and reports an import error"
                 )
                 continue
             stack.append(s)
-    report.spans = sum(len(v) for v in by_track.values())
-    report.tracks = len(by_track)
-    report.errors += errors[:limit] + ([f"... and {len(errors) - limit} more errors"] if len(errors) > limit else [])
-    report.warnings += warnings[:limit] + ([f"... and {len(warnings) - limit} more"] if len(warnings) > limit else [])
+    report.spans += sum(len(v) for v in by_thread.values())
+    report.tracks += len(by_thread)
+    report.errors += _capped(errors, limit, "errors")
+    report.warnings += _capped(warnings, limit, "warnings")
     return report
 
 
-def _uint32(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < UINT32
+def _validate_proto(path: str, data: bytes, report: Report, limit: int) -> Report:
+    """A Perfetto protobuf file: readable, and its slices nest and run forwards on each track."""
+    try:
+        from gputrace.trace import perfetto
+    except ImportError:
+        raise TraceFormatError(path, "a Perfetto protobuf trace, which this gputrace cannot read") from None
+    trace = perfetto.read(path, data)
+    report.own = "gputrace_version" in trace.metadata or bool(trace.metadata.get("merged"))
+    errors: list[str] = []
+    sp = trace.spans
+    by_track: dict[int, list[tuple[int, int, int]]] = {}
+    for i in range(len(sp)):
+        s, e = sp.start[i], sp.end[i]
+        if e < s:
+            errors.append(f"span {i} ({trace.names[sp.name[i]]!r}) ends before it starts")
+            continue
+        by_track.setdefault(sp.track[i], []).append((s, e, i))
+    for t, spans in by_track.items():
+        spans.sort(key=lambda x: (x[0], x[0] - x[1]))
+        stack: list[int] = []
+        for s, e, i in spans:
+            while stack and stack[-1] <= s:
+                stack.pop()
+            if stack and e > stack[-1]:
+                errors.append(f"track {trace.tracks[t].name!r}: span {i} partly overlaps the span it starts in")
+                continue
+            stack.append(e)
+    report.spans = len(sp)
+    report.tracks = len(by_track)
+    report.errors += _capped(errors, limit, "errors")
+    return report
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _capped(items: list[str], limit: int, what: str) -> list[str]:
+    return items[:limit] + ([f"... and {len(items) - limit} more {what}"] if len(items) > limit else [])
+
+
+def _to_ns(v: Any) -> int | None:
+    """A `ts`/`dur` as Perfetto reads it (CoerceToTs): integers exactly, other numbers by
+    llround(x * 1000), numeric strings as the number they hold; anything else is None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v * 1000
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return None
+        return int(v) * 1000 if v == math.trunc(v) else _llround(v * 1000)
+    if isinstance(v, str) and _JSON_NUMBER.fullmatch(v):
+        return _to_ns(float(v) if any(c in v for c in ".eE") else int(v))
+    return None
+
+
+def _id(v: Any) -> tuple[str, Any] | None:
+    """A pid/tid as Perfetto keys it: strings by name, integers in uint32 range as themselves,
+    others in range after truncation, out of range as 0; None when it cannot be read at all."""
+    if isinstance(v, str):
+        return ("s", v)
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int):
+        return ("n", v if 0 <= v < UINT32 else 0)
+    if isinstance(v, float) and math.isfinite(v):
+        n = int(v)
+        return ("n", n if 0 <= n < UINT32 else 0)
+    return None
+
+
+def _out_of_range(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not (0 <= v < UINT32)
 
 
 def _llround(x: float) -> int:
