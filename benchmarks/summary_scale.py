@@ -27,7 +27,6 @@ sys.path.insert(0, ROOT)
 
 from gputrace import stats  # noqa: E402
 from gputrace.trace import chrome  # noqa: E402
-from gputrace.trace.files import expand  # noqa: E402
 from gputrace.trace.model import Process, Trace, Track  # noqa: E402
 from gputrace.version import __version__  # noqa: E402
 
@@ -84,14 +83,10 @@ def make_files(directory: str, ranks: int, steps: int) -> list[str]:
 
 
 def load(paths: list[str]) -> Trace:
-    """The files as one trace: `gputrace.merge.load` where it exists, else read and combined."""
+    """The files as one merged, aligned trace, as `gputrace summary` and `gputrace view` load them."""
     from gputrace import merge
 
-    if hasattr(merge, "load"):
-        return merge.load(paths)
-    from gputrace.cli import _combine
-
-    return _combine([chrome.read(p) for p in paths], paths)
+    return merge.load(paths)
 
 
 def timed(fn, *a):  # type: ignore[no-untyped-def]
@@ -138,7 +133,7 @@ def main() -> None:
         add("gputrace summary (command)", command(["summary", *paths]))
         add("gputrace summary --json (command)", command(["summary", "--json", *paths]))
         secs, trace = timed(load, paths)
-        add("load: read + combine (in process)", secs)
+        add("merge.load: read + align (in process)", secs)
         secs, summary = timed(stats.summarize, trace)
         add("summarize (in process)", secs)
         secs, _ = timed(stats.table, summary)

@@ -95,46 +95,13 @@ def _summary_text(
     import orjson
 
     from gputrace import stats
+    from gputrace.merge import load
 
-    trace = _load(paths, allow_mixed)
+    trace = load(paths, allow_mixed=allow_mixed)
     result = stats.summarize(trace, step or "step", skip_steps, require_step=step is not None)
     if as_json:
         return orjson.dumps(stats.to_json(result)).decode()
     return stats.table(result, by_rank=by_rank)
-
-
-def _load(paths: list[str], allow_mixed: bool) -> Any:
-    """The named traces as one: a merged file as it is, per-rank files side by side."""
-    from gputrace.trace import chrome
-
-    traces = [chrome.read(p) for p in paths]
-    _ = allow_mixed
-    return traces[0] if len(traces) == 1 else _combine(traces, paths)
-
-
-def _combine(traces: list[Any], paths: list[str]) -> Any:
-    import dataclasses
-
-    from gputrace.errors import MergeError
-    from gputrace.trace.model import Trace
-
-    out = Trace({})
-    seen: dict[int, str] = {}
-    for trace, path in zip(traces, paths):
-        procs = []
-        for p in trace.processes:
-            if p.rank is not None and not p.foreign:
-                if p.rank in seen:
-                    raise MergeError(
-                        f"rank {p.rank} appears twice: {seen[p.rank]} and {path}; summarize one run at a time"
-                    )
-                seen[p.rank] = path
-            procs.append(out.add_process(p))
-        tracks = [out.add_track(dataclasses.replace(t, process=procs[t.process])) for t in trace.tracks]
-        names = [out.intern(n) for n in trace.names]
-        sp = trace.spans
-        out.spans.extend([names[n] for n in sp.name], [tracks[t] for t in sp.track], sp.start, sp.end, sp.args, sp.cat)
-    return out
 
 
 @main.command()
@@ -151,9 +118,7 @@ def summary(
     """Per-span statistics of per-rank traces or a merged one: totals, percentiles, the
     imbalance between ranks, the slowest rank of each step (when beyond the noise) and who
     waited for whom in each collective."""
-    from gputrace.trace.files import expand
-
-    click.echo(_summary_text(expand(paths), as_json, step, skip_steps, allow_mixed, by_rank))
+    click.echo(_summary_text(list(paths), as_json, step, skip_steps, allow_mixed, by_rank))
 
 
 @main.command()

@@ -194,7 +194,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         slot_of_rank[p.rank] if p.rank is not None and not p.foreign else nr
         for p in (trace.processes[t.process] for t in trace.tracks)
     ]
-    notes: list[str] = []
+    # What merging found (mixed runs allowed, spans left out) stays in view.
+    notes: list[str] = [str(n) for n in trace.metadata.get("notes") or () if isinstance(n, str)]
 
     # Group every span by (name, rank slot) in one pass; unfinished spans go to group -1 - slot.
     keys = [n * stride + slot_of_track[t] for n, t in zip(sp.name, sp.track)]
@@ -300,8 +301,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         collectives = _collectives(
             coll_idx, step_idx, skip_steps, ranks, names, sp.name, start, end, align_err, anchor, coll_rule
         )
-        if not aligned and sum(1 for v in coll_idx.values() if v) > 1:
-            notes.append("the trace carries no alignment error bars: arrival order trusts the clocks as written")
+        if sum(1 for v in coll_idx.values() if v) > 1:
+            notes += _clock_notes(trace, ranks, rank_meta, aligned)
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -421,10 +422,33 @@ def _alignment_errors(trace: Trace, ranks: list[int]) -> tuple[list[int], bool]:
         return [0] * len(ranks), False
     out = []
     for r in ranks:
-        a = per.get(str(r))
+        a = per.get(r, per.get(str(r)))  # int keys in memory (merge.load), strings in a file
         e = a.get("error_ns") if isinstance(a, dict) else None
         out.append(int(e) if isinstance(e, (int, float)) and not isinstance(e, bool) else 0)
     return out, True
+
+
+def _clock_notes(trace: Trace, ranks: list[int], rank_meta: dict[int, Any], aligned: bool) -> list[str]:
+    """What the arrival order across ranks rests on, when it rests on less than measured offsets."""
+    if not aligned:
+        return ["the trace carries no alignment error bars: arrival order trusts the clocks as written"]
+    if (trace.metadata.get("alignment") or {}).get("method") == "align-on":
+        return []
+    unsynced = []
+    hosts = set()
+    for r in ranks:
+        meta = rank_meta[r] if isinstance(rank_meta[r], dict) else {}
+        clock = meta.get("clock") if isinstance(meta.get("clock"), dict) else {}
+        if not clock.get("sync_to_rank0"):
+            unsynced.append(r)
+        hosts.add(meta.get("hostname"))
+    # Ranks of one host read one realtime clock; across hosts, unsynced clocks are NTP's.
+    if unsynced and (len(hosts) > 1 or None in hosts):
+        return [
+            f"ranks {_ranges(unsynced)} recorded no clock sync (gputrace.sync_clocks()) and the ranks may be on "
+            "several hosts: their arrival order trusts the host clocks (NTP: often 0.1-10 ms apart)"
+        ]
+    return []
 
 
 def _steps(

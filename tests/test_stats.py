@@ -25,13 +25,15 @@ def build(
     by_rank: dict[int, list[Span]],
     rank_meta: dict[int, dict[str, Any]] | None = None,
     errors: dict[int, int] | None = None,
+    str_keys: bool = False,
 ) -> Trace:
-    """A merged trace: spans at B + the times given; `errors`: per-rank alignment error bars."""
+    """A merged trace: spans at B + the times given; `errors`: per-rank alignment error bars, keyed
+    by int as merge.load holds them (or by string, as a merged file has them)."""
     meta: dict[str, Any] = {"merged": True}
     if errors is not None:
         meta["alignment"] = {
             "method": "clock",
-            "per_rank": {str(r): {"offset_ns": 0, "error_ns": e} for r, e in errors.items()},
+            "per_rank": {(str(r) if str_keys else r): {"offset_ns": 0, "error_ns": e} for r, e in errors.items()},
         }
     t = Trace(meta)
     for r, spans in by_rank.items():
@@ -203,7 +205,8 @@ def test_unequal_step_counts_use_the_steps_on_every_rank_and_say_so() -> None:
 # ---- collectives -------------------------------------------------------------------------------
 
 
-def test_collectives_are_matched_by_step_name_and_ordinal_with_last_arrivals_and_waits() -> None:
+@pytest.mark.parametrize("str_keys", [False, True])
+def test_collectives_are_matched_by_step_name_and_ordinal_with_last_arrivals_and_waits(str_keys: bool) -> None:
     mark = {"collective": True}
 
     def rank(arrivals: list[int]) -> list[Span]:
@@ -222,6 +225,7 @@ def test_collectives_are_matched_by_step_name_and_ordinal_with_last_arrivals_and
     t = build(
         {0: rank([100, 100, 0, 10]), 1: rank([300, 0, 50, 10]), 2: rank([200, 400, 20, 10])},
         errors={0: 0, 1: 60, 2: 60},
+        str_keys=str_keys,
     )
     co = stats.summarize(t).collectives
     assert co is not None and "marked collective=True" in co.rule
@@ -274,6 +278,19 @@ def test_without_marks_collectives_are_found_by_name_and_collective_false_opts_o
     assert sorted({o.name for o in s.collectives.occurrences}) == ["all_reduce", "wait_for_data"]
     assert s.steps is not None and s.steps.busy_ns == {0: [1000 - 500 - 100], 1: [1000 - 400 - 100]}
     assert any("no alignment error bars" in n for n in s.notes)
+
+
+def test_arrival_order_without_clock_syncs_is_flagged_only_across_hosts() -> None:
+    spans = {r: [("step", 0, 1000), ("all_reduce", 100 + 100 * r, 600)] for r in range(2)}
+    one_host = {r: {"hostname": "node1", "clock": {"sync_to_rank0": []}} for r in range(2)}
+    two_hosts = {r: {"hostname": f"node{r}", "clock": {"sync_to_rank0": []}} for r in range(2)}
+    synced = {r: {"hostname": f"node{r}", "clock": {"sync_to_rank0": [{"offset_ns": 0}]}} for r in range(2)}
+    errors = {0: 0, 1: 0}
+
+    def flagged(meta: dict[int, dict[str, Any]]) -> bool:
+        return any("recorded no clock sync" in n for n in stats.summarize(build(spans, meta, errors)).notes)
+
+    assert not flagged(one_host) and flagged(two_hosts) and not flagged(synced)
 
 
 def test_unmatched_collectives_still_match_by_key_when_ranks_differ() -> None:
@@ -466,8 +483,9 @@ def test_64_ranks_one_straggler_in_chosen_steps() -> None:
 # ---- the command -------------------------------------------------------------------------------
 
 
-def rank_file(path: Any, rank: int, spans: list[Span], world: int = 2) -> str:
+def rank_file(path: Any, rank: int, spans: list[Span], world: int = 2, run: str = "run-1") -> str:
     meta = {"gputrace_version": gputrace.__version__, "rank": rank, "world_size": world, "spans_dropped": 0}
+    meta["run_id"] = run
     t = Trace(dict(meta))
     p = t.add_process(Process(rank + 1, rank, f"rank {rank}", rank, meta))
     tr = t.add_track(Track(p, 1, "cuda:0 stream 7", "cuda", 0))
@@ -516,6 +534,17 @@ def test_the_same_rank_twice_is_an_error(tmp_path) -> None:  # type: ignore[no-u
     copy.write_bytes((tmp_path / "trace_rank0.json").read_bytes())
     r = CliRunner().invoke(main, ["summary", a, str(copy)])
     assert r.exit_code == 2 and "rank 0 appears twice" in r.output and r.output.count("\n") == 1
+
+
+def test_files_of_different_runs_need_allow_mixed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a = rank_file(tmp_path / "trace_rank0.json", 0, steps_of([1000]), run="run-1")
+    b = rank_file(tmp_path / "old" / "trace_rank1.json", 1, steps_of([5000]), run="run-0")
+    r = CliRunner().invoke(main, ["summary", a, b])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--allow-mixed" in r.output
+    r = CliRunner().invoke(main, ["summary", "--allow-mixed", "--json", a, b])
+    assert r.exit_code == 0, r.output
+    data = orjson.loads(r.output)
+    assert data["ranks"] == [0, 1] and any("run" in n for n in data["notes"])
 
 
 def test_unknown_step_on_the_command_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
