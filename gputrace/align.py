@@ -174,6 +174,11 @@ def from_metadata(rank: int, metadata: Mapping[str, Any], file: str = "") -> Ran
     if not dev_syncs:
         return host
     dev = from_syncs(rank, dev_syncs)
+    if dev.error_ns > host.error_ns:
+        # The refinement is bounded by how long a tiny all-reduce takes once the last rank
+        # arrives (microseconds); a host offset can be tighter (exact between ranks of one host,
+        # or a fast network's round trip). The tighter bound places the device spans.
+        return host.with_notes(f"device refinement (+-{dev.error_ns} ns) not tighter than the host offset: not used")
     return dataclasses.replace(
         host,
         device_map=dev.map,

@@ -141,12 +141,17 @@ def describe_trace(path: str, trace: Trace, rank_from_filename: bool = False) ->
     first = rng[0] if rng else None
     base = _int(meta.get("base_ns")) or None
     if meta.get("merged"):
-        own = [p for p in trace.processes if p.rank is not None and not p.foreign]
-        rank_meta = {p.rank: p.metadata for p in own if p.rank is not None}
+        ranks_of = _merged_ranks(trace)
+        rank_meta = {
+            r: q.metadata for q, (r, foreign) in zip(trace.processes, ranks_of) if r is not None and not foreign
+        }
+        for r in rank_meta:
+            if not rank_meta[r] and isinstance(meta.get("rank_metadata"), Mapping):
+                rank_meta[r] = meta["rank_metadata"].get(str(r)) or {}
         run_ids = {r: m["run_id"] for r, m in rank_meta.items() if isinstance(m.get("run_id"), str)}
         if isinstance(meta.get("run_id"), str):
             run_ids = {r: run_ids.get(r, meta["run_id"]) for r in rank_meta}
-        foreign = [(p.pid, p.rank) for p in trace.processes if p.foreign or p.rank is None]
+        foreign = [(q.pid, r) for q, (r, f) in zip(trace.processes, ranks_of) if f]
         start = min(x for x in (base, first) if x is not None) if (base or first) else None
         return Source(
             path,
@@ -195,6 +200,19 @@ def describe_trace(path: str, trace: Trace, rank_from_filename: bool = False) ->
         raise _no_rank(path)
     foreign = [(p.pid, rank) for p in trace.processes]
     return Source(path, "foreign", _ident(path), rank, [], {}, {}, world, first, foreign, None, trace)
+
+
+def _merged_ranks(trace: Trace) -> list[tuple[int | None, bool]]:
+    """(rank, foreign) of each process of a merged trace. Merged files of older gputrace versions
+    carry no pid -> rank table: there, pid = rank + 1 for the ranks the metadata lists."""
+    listed = set(trace.metadata.get("ranks") or ()) if "pid_rank" not in trace.metadata else set()
+    out: list[tuple[int | None, bool]] = []
+    for q in trace.processes:
+        if q.rank is None and isinstance(q.pid, int) and q.pid - 1 in listed:
+            out.append((q.pid - 1, False))
+        else:
+            out.append((q.rank, q.foreign or q.rank is None))
+    return out
 
 
 def describe(path: str, rank_from_filename: bool = False, keep: bool = True) -> Source:
@@ -642,9 +660,10 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     proc_map: list[int] = []
     proc_rank: list[int | None] = []
     spare = ctx.spare.get(src.path, 1 << 24)
-    for q in trace.processes:
+    merged_ranks = _merged_ranks(trace) if src.kind == "merged" else []
+    for k, q in enumerate(trace.processes):
         if src.kind == "merged":
-            rank, foreign = q.rank, q.foreign or q.rank is None
+            rank, foreign = merged_ranks[k]
         else:
             rank, foreign = src.rank, q.foreign or src.kind == "foreign"
         if (rank is not None and rank not in keep_ranks) or (rank is None and sel.ranks is not None):
@@ -1402,8 +1421,9 @@ def _json_metadata(meta: dict[str, Any], p: Plan) -> dict[str, Any]:
     reader needs it before it sees any event)."""
     out = _string_keys(meta)
     pid_rank = {str(r + 1): r for r in p.all_ranks if r in p.ranks}
-    for (i, pid), new in p.pids.items():
-        r = next((rr for pp, rr in p.sources[i].foreign if pp == pid), None)
+    by_path = {s.path: s for s in p.sources}
+    for (path, pid), new in p.pids.items():
+        r = next((rr for pp, rr in by_path[path].foreign if pp == pid), None)
         if r is not None:
             pid_rank[str(new)] = r
     out["pid_rank"] = pid_rank
