@@ -20,10 +20,14 @@ How the host offsets are found, at any scale:
 - The other ranks of a host take their leader's offset plus the exact same-host difference,
   with the leader's error bar.
 
-How the device offsets are refined (NCCL): the error that is left between two GPUs' spans lies in
-each rank's device-to-host anchors, not in the host clocks. A tiny all-reduce ends on every GPU
-at nearly the same moment, so its end events, mapped to host time through the rank's own anchors
-exactly as its spans are, show that error directly. See `_device_probe`.
+How the device offsets are refined (NCCL, ranks on more than one host): a host offset across
+hosts is only as good as half a network round trip (tens of microseconds over TCP). A tiny
+all-reduce ends on every GPU at nearly the same moment, so its end events, mapped to host time
+through each rank's own anchors exactly as its spans are, give the offset of the rank's device
+events directly, with bounds that causality guarantees. See `_device_probe`. On one host no probe
+runs: the host offsets are exact there, and the anchors of two GPUs agreed with the GPUs' own
+global timers to about 0.1 us (docs/accuracy.md, "Across ranks"), closer than the probes' own
+~0.8 us end skew.
 """
 
 from __future__ import annotations
@@ -197,9 +201,10 @@ def tree_rounds(n: int) -> list[list[tuple[int, int]]]:
 def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) -> ClockSync | None:  # type: ignore[no-untyped-def]
     """Estimate this rank's host clock offset against rank 0 (the group's first rank) through
     torch.distributed; every rank of `group` must call it. Ranks that share a host share one
-    exchange (see the module's docstring). Then, if every rank records on a GPU and `group`
-    is NCCL, each rank's device offset is refined with `device_probes` tiny all-reduces per
-    batch. Returns None when torch.distributed is not initialised."""
+    exchange (see the module's docstring). Then, if the ranks span several hosts, every rank
+    records on a GPU and `group` is NCCL, each rank's device offset is refined with
+    `device_probes` tiny all-reduces per batch. Returns None when torch.distributed is not
+    initialised."""
     dist = _dist()
     if dist is None:
         return None
@@ -236,7 +241,7 @@ def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) 
         same_host = plan.epoch_offset[leader] - clock.epoch_offset_ns  # leader's time = ours + this
         at = at - same_host if at else clock.now()
         result = ClockSync(at, offset + same_host, error, rtt, 0, "same host", leader, hops, hosts)
-    if all(t[2] for t in table):
+    if hosts > 1 and all(t[2] for t in table):
         result = dataclasses.replace(result, device=_device_probe(dist, group, g, ranks, result, device_probes))
     return result
 

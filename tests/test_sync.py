@@ -114,9 +114,10 @@ def test_leaders_sync_in_a_tree_and_followers_take_their_leaders_result(four_hos
 
 def test_the_device_refinement_brackets_the_true_offset_on_a_fake_gpu() -> None:
     # The refinement's whole path (probes, anchors, the exchange of ends, the bounds), with a
-    # fake GPU whose events run when recorded and gloo's all-reduce for NCCL's. Rank 1's clock
-    # is SHIFT ahead; its ranks share this machine, so the truth is the exact same-host offset.
-    results = run_sync(["", ""], mode="fakegpu")
+    # fake GPU whose events run when recorded and gloo's all-reduce for NCCL's. Rank 1 plays
+    # another host whose clock is SHIFT ahead; both run on this machine, so the truth is known
+    # exactly: the difference of their realtime offsets.
+    results = run_sync(["a", "b"], mode="fakegpu")  # one host would need no probe
     truth = results[0]["epoch_offset_ns"] - results[1]["epoch_offset_ns"]
     assert abs(truth + SHIFT) < 1_000_000
     for s0, s1 in zip(results[0]["syncs"], results[1]["syncs"]):
@@ -158,3 +159,18 @@ def test_host_identity_reads_the_machine_unless_the_test_seam_says_otherwise(mon
         assert open("/proc/sys/kernel/random/boot_id").read().strip() in real
     monkeypatch.setenv(gdist.HOST_ID_ENV, "node-7")
     assert gdist.host_identity() == "node-7"
+
+
+def test_device_refinement_places_device_spans_only_where_it_is_tighter() -> None:
+    from gputrace import align
+
+    def meta(host_error: int, device_error: int) -> dict:
+        dev = {"at_ns": 10, "offset_ns": -700, "error_ns": device_error}
+        return {"clock": {"sync_to_rank0": [{"at_ns": 10, "offset_ns": -40, "error_ns": host_error, "device": dev}]}}
+
+    across = align.from_metadata(1, meta(host_error=45_000, device_error=8_000))
+    assert across.map(1_000) == 960 and across.device_map is not None and across.device_map(1_000) == 300
+    assert across.device_error_ns == 8_000
+    same_host = align.from_metadata(1, meta(host_error=0, device_error=8_000))
+    assert same_host.device_map is None and same_host.map(1_000) == 960
+    assert any("not tighter" in n for n in same_host.notes)
