@@ -62,7 +62,7 @@ def start() -> None:
         from gputrace.config import enabled_from_env
 
         if enabled_from_env():
-            from gputrace.api import enable_from_env
+            from gputrace.session import enable_from_env
 
             enable_from_env()
     watch_for_torch()

@@ -6,6 +6,7 @@ path. Tests drive the same recorder with a fake device that has these methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -13,16 +14,16 @@ class CudaDevice:
     def __init__(self) -> None:
         import torch
 
-        self._torch = torch
-        c = torch._C
+        self._torch: Any = torch  # torch's private calls below are untyped
+        c: Any = torch._C
         # Raw calls: torch.cuda.current_stream() builds a Stream object per call (~4-5 us), and
         # Event.record() without a stream looks it up the same way.
-        self.current_device = c._cuda_getDevice
-        self.raw_stream = c._cuda_getCurrentRawStream
-        self.record = c._CudaEventBase.record
-        self.elapsed = c._CudaEventBase.elapsed_time
-        self.is_capturing = c._cuda_isCurrentStreamCapturing
-        self._event = torch.cuda.Event
+        self.current_device: Callable[[], int] = c._cuda_getDevice
+        self.raw_stream: Callable[[int], int] = c._cuda_getCurrentRawStream
+        self.record: Callable[[Any, Any], None] = c._CudaEventBase.record
+        self.elapsed: Callable[[Any, Any], float] = c._CudaEventBase.elapsed_time
+        self.is_capturing: Callable[[], bool] = c._cuda_isCurrentStreamCapturing
+        self._event: Any = torch.cuda.Event
         self._side: dict[int, Any] = {}
         watch_graph_capture(torch)
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from gputrace.clock import DeviceTimeline, HostClock, take_anchor
 from gputrace.config import Config
@@ -51,11 +51,17 @@ class Track:
         self.name = name
 
 
-class _Stack(list):  # type: ignore[type-arg]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Stack(list["PySpan"]):
     """Open spans of one (thread, device, stream), innermost last. `device` and `stream` repeat
     the track's, one attribute read away for the hot path."""
 
     __slots__ = ("track", "device", "stream")
+    track: Track
+    device: int | None
+    stream: Any
 
 
 HOT_LAYOUT = 1
@@ -131,8 +137,17 @@ class PySpan:
     can: `id` is given at resolve time, `error` only on an exception."""
 
     __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "error")
-    cuda = True  # class-level defaults; OptSpan holds them per span
-    sync = False
+    name: str
+    args: dict[str, Any] | None
+    stack: _Stack | None  # unset until opened; None: skipped (CUDA graph capture)
+    parent: PySpan | None
+    id: int | None  # unset until resolve numbers it
+    gen: int  # device spans: the first anchor that can follow the start event
+    t0: Any  # a CUDA event, or monotonic ns
+    t1: Any
+    error: str  # the exception's type name, set only on one
+    cuda: bool = True  # class-level defaults; OptSpan holds them per span
+    sync: bool = False
     owner: Any = None
 
     def __init__(self, name: str, args: dict[str, Any] | None = None) -> None:
@@ -145,7 +160,7 @@ class PySpan:
             rec.open(self)
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if exc_type is not None:
             self.error = exc_type.__name__
         rec = ACTIVE
@@ -167,8 +182,13 @@ class PySpan:
             return
         self.__exit__(None, None, None)
 
+    def __call__(self, fn: F) -> F:
+        """The span as a decorator: every call of `fn` is a span of this name."""
+        return traced(fn, self.name, self.args, self.cuda, self.sync)
+
     @property
     def track(self) -> Track | None:
+        """The track the span was recorded on (None before it opens)."""
         stack = getattr(self, "stack", None)
         return stack.track if stack is not None else None
 
@@ -414,7 +434,7 @@ class Recorder:
 
     def _close_unusual(self, s: Span) -> bool:
         """A close that is not of the innermost open span. True: record its end."""
-        stack = getattr(s, "stack", False)
+        stack: Any = getattr(s, "stack", False)
         if stack is None or stack is False:  # skipped during CUDA graph capture, or never opened
             return False
         if any(x is s for x in stack):
@@ -573,13 +593,17 @@ class _DisabledSpan(_NoopSpan):
     def __init__(self, name: str, args: dict[str, Any] | None, cuda: bool, sync: bool) -> None:
         self.name, self.args, self.cuda, self.sync = name, args, cuda, sync
 
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self, fn: F) -> F:
         return traced(fn, self.name, self.args, self.cuda, self.sync)
 
 
 _disabled: dict[str, _DisabledSpan] = {}
 
 
+@overload
+def _py_span(name: str, /, **args: Any) -> PySpan: ...
+@overload
+def _py_span(name: F, /) -> F: ...
 def _py_span(name: Any, /, **args: Any) -> Any:
     """A span: `with span("fwd"):`, `@span`, `@span("name")`, or `s = span("x").start(); s.end()`.
 
@@ -665,16 +689,7 @@ _compiling: Callable[[], bool] = _compiling_lazy
 NULLCTX = contextlib.nullcontext()
 
 
-def _span_call(self: PySpan, fn: Callable[..., Any]) -> Callable[..., Any]:
-    return traced(fn, self.name, self.args, self.cuda, self.sync)
-
-
-PySpan.__call__ = _span_call  # type: ignore[attr-defined]
-
-
-def traced(
-    fn: Callable[..., Any], name: str, args: dict[str, Any] | None, cuda: bool, sync: bool
-) -> Callable[..., Any]:
+def traced(fn: F, name: str, args: dict[str, Any] | None, cuda: bool, sync: bool) -> F:
     """Wrap `fn` in a span. The wrapper checks one flag per call, so recording turned on after
     decoration (the usual order: decorate at import, enable in main) still works."""
     plain = cuda and not sync
@@ -688,7 +703,7 @@ def traced(
         with s:
             return fn(*a, **k)
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]
 
 
 def _qualname(fn: Any) -> str:
@@ -723,9 +738,13 @@ except ImportError as e:
 else:
     check_hot_layout(_hot)  # outside the try: a stale build fails here, loudly, not mid-run
 
-if _hot is not None:
-    Span: Any = _hot.Span
-    OptSpan: Any = _hot.Span
+if TYPE_CHECKING:  # both twins have the Python one's interface; checkers see that one
+    Span = PySpan
+    OptSpan = PyOptSpan
+    span = _py_span
+elif _hot is not None:
+    Span = _hot.Span
+    OptSpan = _hot.Span
     span = _hot.span
 else:
     Span = PySpan

@@ -1,0 +1,67 @@
+"""The C hot path (`_hot.c`). Its Python twin, and the state both read, are in `record.py`."""
+
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from gputrace.record import HotState, Track, _Stack
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+LAYOUT: tuple[int, tuple[str, ...]]
+"""(HOT_LAYOUT, HotState's slot names), as this build reads them."""
+
+class Span:
+    """One span: the handle span() returns, and the record the recorder keeps."""
+
+    name: str
+    args: dict[str, Any] | None
+    stack: _Stack | None
+    parent: Span | None
+    id: int | None
+    gen: int
+    t0: Any
+    t1: Any
+    error: str | None
+    owner: Any
+    cuda: bool
+    sync: bool
+    def __init__(
+        self, name: str, args: dict[str, Any] | None = None, cuda: bool = True, sync: bool = False, owner: Any = None
+    ) -> None: ...
+    def __enter__(self) -> Span: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None, tb: Any = None, /
+    ) -> None: ...
+    def start(self) -> Span: ...
+    def end(self) -> None: ...
+    def __call__(self, fn: _F, /) -> _F: ...
+    @property
+    def track(self) -> Track | None: ...
+
+@overload
+def span(name: str, /, **args: Any) -> Span: ...
+@overload
+def span(name: _F, /) -> _F: ...
+def bind(disabled: dict[str, Any], span_slow: Callable[..., Any], traced: Callable[..., Any], /) -> None: ...
+def install(state: HotState | None, recording: bool, /) -> None: ...
+def set_check_at(state: HotState, n: int, /) -> None: ...
+def set_capture(n: int, /) -> None: ...
+def open(span: Any, /) -> None: ...
+def close(span: Any, /) -> None: ...
+def encode_events(
+    name_json: list[bytes],
+    name_idx: list[int],
+    cats: list[bytes],
+    track_idx: list[int],
+    lanes: list[int],
+    tid_base: list[int],
+    pid: int,
+    starts: list[int],
+    ends: list[int],
+    base: int,
+    args_json: list[bytes | None],
+    /,
+) -> bytes: ...
+def layout(
+    track_idx: list[int], starts: list[int], ends: list[int], ntracks: int, /
+) -> tuple[list[int], list[int]]: ...
