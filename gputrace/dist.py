@@ -311,7 +311,7 @@ def _probe_device(dist, group) -> int | None:  # type: ignore[no-untyped-def]
 # while the GPU runs a kernel, the way flush() takes its anchors in a training loop.
 _BATCHES = ("idle", "busy", "idle", "busy")
 _LATE_CYCLES = 40_000  # ~20 us at H200 clocks: the late side of a probe arrives clearly last
-_AHEAD_CYCLES = 4_000_000  # ~2 ms: the host queues a whole batch before the GPU reaches it
+_AHEAD_CYCLES = 2_000_000  # ~1 ms at H200 clocks: the host queues a whole batch before the GPU reaches it
 
 
 class CudaProbe:

@@ -7,6 +7,11 @@ with SHIFT_NS, plays a host whose clock is that far ahead), saved into OUT.
 rank plays that host, and a host named `shifted...` has its clock SHIFT_NS ahead (every rank of
 it alike, as one host clock). Prints the syncs as one JSON line.
 
+`python -m tests.dist_worker cuda OUT STEPS` (NCCL, one GPU a rank): `gputrace demo`'s training,
+untouched, with the ground truth beside it: after each gradient all-reduce a one-thread kernel on
+the collective's stream stores the GPU's %globaltimer, and each GPU's global timer is mapped to
+the host clock by spinning on mapped memory (`GlobalTimer`). Writes `truth_rank{R}.json` to OUT.
+
 `python -m tests.dist_worker fakegpu SHIFT_NS`: the device refinement's whole path on a CPU. A
 fake GPU (tests/fakes.py) whose events run at the real host instant they are recorded stands in
 for CUDA, and gloo's all-reduce for NCCL's; rank 1's host clock is SHIFT_NS ahead. Prints the
@@ -116,9 +121,87 @@ def fake_gpu(shift_ns: int) -> None:
     dist.destroy_process_group()
 
 
+STAMP_SRC = r"""
+extern "C" __global__ void stamp(unsigned long long* out, int i) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    out[i] = t;
+    __threadfence_system();
+}
+"""
+
+
+class GlobalTimer:
+    """The GPU's own clock, read by a one-thread kernel (through CuPy, which compiles it at run
+    time), and its map to the host clock: host = globaltimer + c, where c is the least of
+    (host time at which the host sees a stamp) - (the stamp) over many tries, i.e. the map is
+    late by the one-way latency of a write to mapped host memory, alike on every GPU of a host."""
+
+    def __init__(self, clock: HostClock) -> None:
+        import cupy
+        import numpy
+
+        self.cupy, self.numpy, self.clock = cupy, numpy, clock
+        cupy.cuda.Device(torch.cuda.current_device()).use()
+        self.kernel = cupy.RawKernel(STAMP_SRC, "stamp")
+        self.pinned = cupy.cuda.alloc_pinned_memory(64)
+        self.host = numpy.frombuffer(self.pinned, dtype=numpy.int64, count=1)
+        self.side = torch.cuda.Stream()
+        self.stamps = torch.zeros(4096, dtype=torch.int64, device="cuda")
+        self.n = 0
+
+    def _launch(self, stream: torch.cuda.Stream, ptr: int, i: int) -> None:
+        with self.cupy.cuda.ExternalStream(stream.cuda_stream):
+            self.kernel((1,), (1,), (self.numpy.uint64(ptr), self.numpy.int32(i)))
+
+    def stamp(self, stream: torch.cuda.Stream) -> None:
+        self._launch(stream, self.stamps.data_ptr(), self.n)
+        self.n += 1
+
+    def calibrate(self, tries: int = 300) -> tuple[int, int]:
+        """(c, a stamp it was measured at)."""
+        best: tuple[int, int] | None = None
+        for _ in range(tries):
+            self.host[0] = 0
+            self._launch(self.side, self.pinned.ptr, 0)
+            while self.host[0] == 0:
+                pass
+            seen = self.clock.now()
+            gt = int(self.host[0])
+            if best is None or seen - gt < best[0]:
+                best = (seen - gt, gt)
+        assert best is not None
+        return best
+
+
+def cuda_truth(out: str, steps: int) -> None:
+    from gputrace import demo
+
+    timer: list[GlobalTimer] = []
+    calibrations = []
+    train_all_reduce = demo._all_reduce_grads
+
+    def all_reduce_and_stamp(torch_: object, model: object, comm: torch.cuda.Stream) -> None:
+        if not timer:
+            timer.append(GlobalTimer(api.host_clock()))
+            calibrations.append(timer[0].calibrate())
+        train_all_reduce(torch_, model, comm)
+        timer[0].stamp(comm)  # queued right behind the span's end event, on the same stream
+
+    demo._all_reduce_grads = all_reduce_and_stamp
+    demo.train(out, steps, distributed=True)
+    torch.cuda.synchronize()
+    calibrations.append(timer[0].calibrate())
+    line = {"calibrations": calibrations, "stamps": timer[0].stamps[: timer[0].n].tolist()}
+    with open(os.path.join(out, f"truth_rank{os.environ['RANK']}.json"), "wb") as f:
+        f.write(orjson.dumps(line))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "sync":
         sync_only(int(sys.argv[2]))
+    elif sys.argv[1] == "cuda":
+        cuda_truth(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "fakegpu":
         fake_gpu(int(sys.argv[2]))
     else:
