@@ -245,7 +245,7 @@ def validate(paths: tuple[str, ...]) -> None:
 @click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7")
 @click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200")
 @click.option("--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start")
-@click.option("--step", default="step", show_default=True, help="the span that marks one training step")
+@click.option("--step", default=None, help="the span that marks one training step  [default: step, if present]")
 @click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
 @_guard
 def view(
@@ -257,24 +257,26 @@ def view(
     ranks: str | None,
     steps: str | None,
     window: str | None,
-    step: str,
+    step: str | None,
     skip_steps: int,
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline."""
     from gputrace import merge as merge_mod
-    from gputrace.trace.files import write_atomic
+    from gputrace.trace.files import expand, write_atomic
     from gputrace.viewer import data, report, server
 
     ui = None if export else server.resolve_ui(perfetto_ui)
+    files = expand(paths)
+    click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
     trace = data.load(
-        paths,
+        files,
         ranks=merge_mod.parse_ranks(ranks) if ranks else None,
         steps=merge_mod.parse_steps(steps) if steps else None,
         window=merge_mod.parse_window(window) if window else None,
-        step_name=step,
+        step_name=step or "step",
     )
-    doc = data.document(trace, step=step, skip_steps=skip_steps, inputs=paths)
+    doc = data.document(trace, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths)
     if export:
         write_atomic(export, report.html(doc))
         click.echo(f"wrote {export}")

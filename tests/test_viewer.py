@@ -348,7 +348,7 @@ def test_view_export_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     res = CliRunner().invoke(main, ["view", *paths, "--export", str(out), "--skip-steps", "1"])
     assert res.exit_code == 0, res.output
-    assert res.output.strip() == f"wrote {out}"
+    assert res.stdout == f"wrote {out}\n" and res.stderr == "gputrace view: reading 3 trace files\n"
     payload = re.search(r'id="gputrace-data">(.*?)</script>', out.read_text(), re.S).group(1)
     doc = orjson.loads(payload)
     assert doc["steps"]["skipped"] == 1 and doc["steps"]["count"] == 5 and doc["timeline"]["ui"] is None
@@ -359,6 +359,8 @@ def test_view_errors_are_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "no such file" in res.output
     res = CliRunner().invoke(main, ["view", str(SAMPLE), "--perfetto-ui", str(tmp_path), "--no-browser"])
     assert res.exit_code == 2 and "no index.html" in res.output
+    res = CliRunner().invoke(main, ["view", str(SAMPLE), "--step", "iteration", "--export", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and "no span is named 'iteration'" in res.output and "'step'" in res.output
 
 
 def test_view_serves_until_ctrl_c(tmp_path: Path) -> None:
@@ -380,7 +382,7 @@ def test_view_serves_until_ctrl_c(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert out == "gputrace view: stopped\n" and err == ""
+    assert out == "gputrace view: stopped\n" and err == "gputrace view: reading 2 trace files\n"
 
 
 # ---- packaging ----------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def click_cell(page: Any, rank_slot: int, k: int) -> None:
 
 def ui_frame(page: Any) -> Any:
     for _ in range(600):
-        frames = [f for f in page.frames if "/ui/index.html" in f.url]
+        frames = [f for f in page.frames if "mode=embedded" in f.url]
         if frames:
             return frames[0]
         time.sleep(0.1)
@@ -209,10 +209,23 @@ def test_hostile_names_render_as_text(browser: Any, still_ui: server.UISource) -
             page.close()
 
 
-def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(browser: Any) -> None:
+@contextmanager
+def perfetto(where: str, tmp: Path) -> Iterator[tuple[server.UISource, str]]:
+    """The real Perfetto UI, served by the viewer under /ui/ ("dir") or from another origin as a
+    URL ("url", the way ui.perfetto.dev is used); yields it and the prefix of its frames' URLs."""
+    dist = perfetto_ui.web_dist()
+    assert dist is not None
+    if where == "dir":
+        yield server.resolve_ui(str(dist)), "/ui/index.html"
+    else:
+        with perfetto_ui.serve(dist, tmp) as origin:
+            yield server.resolve_ui(f"{origin}/index.html"), f"{origin}/index.html"
+
+
+@pytest.mark.parametrize("where", ["dir", "url"])
+def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(browser: Any, tmp_path: Path, where: str) -> None:
     trace = make_trace(4, 12, SLOW)
-    ui = server.resolve_ui(str(perfetto_ui.web_dist()))
-    with serving(trace, ui) as url:
+    with perfetto(where, tmp_path) as (ui, ui_prefix), serving(trace, ui) as url:
         page = open_page(browser, url)
         try:
             frame = ui_frame(page)
@@ -228,13 +241,13 @@ def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(browser: Any)
             wait_visible(frame, k * STEP, k * STEP + 15_002_000)
             assert frame.evaluate(perfetto_ui.QUERY_JS, "select count(*) as n from slice")[0]["n"] == len(trace.spans)
             origin = url.rstrip("/")
-            mine = [u for u, f in page.requests if f.startswith(origin) and "/ui/" not in f]
+            ui_origin = ui_prefix if ui_prefix.startswith("http") else origin + ui_prefix
+            ui_origin = ui_origin.rsplit("/", 1)[0]
+            mine = [u for u, f in page.requests if not f.startswith(ui_origin) and f != "worker"]
             assert mine and all(u.startswith(origin + "/") for u in mine), mine
             # Requests to other origins come from the Perfetto UI's own frame (its probes), never
             # from the viewer's page.
-            assert all(
-                f.startswith(origin + "/ui/") or f == "worker" for u, f in page.requests if not u.startswith(origin)
-            )
+            assert all(f.startswith(ui_origin) or f == "worker" for u, f in page.requests if not u.startswith(origin))
             assert page.errors == []
         finally:
             page.close()

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, repeat
+from operator import and_, ge, gt, lt, or_
 from typing import Any
 
 from gputrace import stats
@@ -86,12 +88,14 @@ def document(
     *,
     step: str = "step",
     skip_steps: int = 0,
+    require_step: bool = False,
     title: str | None = None,
     inputs: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The viewer's document for `trace` (its summary computed here unless given)."""
+    """The viewer's document for `trace` (its summary computed here unless given; with
+    `require_step`, a trace without `step` spans is an error that lists the names present)."""
     if summary is None:
-        summary = stats.summarize(trace, step=step, skip_steps=skip_steps)
+        summary = stats.summarize(trace, step=step, skip_steps=skip_steps, require_step=require_step)
     rng = trace.time_range()
     base = rng[0] if rng else 0
     ranks = list(summary.ranks)
@@ -199,49 +203,31 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
 def _collectives(co: stats.Collectives | None, slot: dict[int, int], base: int) -> dict[str, Any] | None:
     if co is None:
         return None
-    n = len(slot)
-    names: list[str] = []
-    name_index: dict[str, int] = {}
-    m = len(co.occurrences)
-    arrival: list[list[int | None]] = [[None] * m for _ in range(n)]
-    end: list[list[int | None]] = [[None] * m for _ in range(n)]
-    wait: list[list[int | None]] = [[None] * m for _ in range(n)]
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in ("name", "step", "ordinal", "last_slot", "last_margin_ns", "last_called", "first", "last", "max_wait")
-    }
-    for j, o in enumerate(co.occurrences):
-        k = name_index.get(o.name)
-        if k is None:
-            k = name_index[o.name] = len(names)
-            names.append(o.name)
-        for r, t in o.arrivals.items():
-            if r in slot:
-                arrival[slot[r]][j] = t - base
-        for r, t in o.ends.items():
-            if r in slot:
-                end[slot[r]][j] = t - base
-        for r, w in o.waits_ns.items():
-            if r in slot:
-                wait[slot[r]][j] = w
-        cols["name"].append(k)
-        cols["step"].append(o.step)
-        cols["ordinal"].append(o.ordinal)
-        cols["last_slot"].append(slot.get(o.last_rank, -1))
-        cols["last_margin_ns"].append(o.last_margin_ns)
-        cols["last_called"].append(1 if o.last_called else 0)
-        cols["first"].append(min(o.arrivals.values()) - base)
-        cols["last"].append(max(o.ends.values()) - base)
-        cols["max_wait"].append(max(o.waits_ns.values()) if o.waits_ns else 0)
+    occ = co.occurrences
+    names = list(dict.fromkeys(o.name for o in occ))
+    name_index = {n: i for i, n in enumerate(names)}
+
+    def column(per: str, r: int, shift: int) -> list[int | None]:
+        # One rank's value in every occurrence (None where it did not take part).
+        return [None if (t := getattr(o, per).get(r)) is None else t - shift for o in occ]
+
     per = {r: co.per_rank.get(r) for r in slot}
     return {
         "rule": co.rule,
         "names": names,
-        "count": m,
-        **cols,
-        "arrival": arrival,
-        "end": end,
-        "wait": wait,
+        "count": len(occ),
+        "name": [name_index[o.name] for o in occ],
+        "step": [o.step for o in occ],
+        "ordinal": [o.ordinal for o in occ],
+        "last_slot": [slot.get(o.last_rank, -1) for o in occ],
+        "last_margin_ns": [o.last_margin_ns for o in occ],
+        "last_called": [1 if o.last_called else 0 for o in occ],
+        "first": [min(o.arrivals.values()) - base for o in occ],
+        "last": [max(o.ends.values()) - base for o in occ],
+        "max_wait": [max(o.waits_ns.values(), default=0) for o in occ],
+        "arrival": [column("arrivals", r, base) for r in slot],
+        "end": [column("ends", r, base) for r in slot],
+        "wait": [column("waits_ns", r, 0) for r in slot],
         "per_rank": {
             "times_last": [c.times_last if c else 0 for c in per.values()],
             "times_last_within_noise": [c.times_last_within_noise if c else 0 for c in per.values()],
@@ -336,7 +322,7 @@ def window(trace: Trace, start_ns: int, end_ns: int) -> Trace:
     out.names.extend(trace.names)
     out._name_index.update(trace._name_index)
     sp, dst = trace.spans, out.spans
-    rows = [i for i, (s, e) in enumerate(zip(sp.start, sp.end)) if _meets(s, e, start_ns, end_ns)]
+    rows = list(compress(range(len(sp)), _meeting(trace, start_ns, end_ns)))
     dst.extend(
         [sp.name[i] for i in rows],
         [sp.track[i] for i in rows],
@@ -352,21 +338,26 @@ def window(trace: Trace, start_ns: int, end_ns: int) -> Trace:
     return out
 
 
-def _meets(s: int, e: int, start_ns: int, end_ns: int) -> bool:
-    # [s, e) meets [start_ns, end_ns); a zero-length span counts where it stands.
-    return s < end_ns and (e > start_ns or s >= start_ns)
+def _meeting(trace: Trace, start_ns: int, end_ns: int) -> Iterator[bool]:
+    """Per span: does [start, end) meet [start_ns, end_ns)? (A zero-length span counts where it
+    stands.) Built from C-level maps: a window of a trace of millions of spans costs a fraction of
+    a second, not seconds."""
+    sp = trace.spans
+    before_end = map(lt, sp.start, repeat(end_ns))
+    after_start = map(or_, map(gt, sp.end, repeat(start_ns)), map(ge, sp.start, repeat(start_ns)))
+    return map(and_, before_end, after_start)
 
 
 def spans_in(trace: Trace, start_ns: int, end_ns: int) -> int:
     """How many spans meet [start_ns, end_ns)."""
-    return sum(1 for s, e in zip(trace.spans.start, trace.spans.end) if _meets(s, e, start_ns, end_ns))
+    return sum(_meeting(trace, start_ns, end_ns))
 
 
 def fit_window(trace: Trace, start_ns: int, end_ns: int, limit: int = TIMELINE_SPANS) -> tuple[int, int]:
     """[start_ns, end_ns) narrowed, keeping its start, until at most `limit` spans meet it (a click
     on a whole-run span of a huge trace still gets a timeline the UI can load)."""
-    sp = trace.spans
-    starts = sorted(s for s, e in zip(sp.start, sp.end) if _meets(s, e, start_ns, end_ns))
+    starts = list(compress(trace.spans.start, _meeting(trace, start_ns, end_ns)))
     if len(starts) <= limit:
         return start_ns, end_ns
+    starts.sort()
     return start_ns, max(starts[limit], start_ns + 1)

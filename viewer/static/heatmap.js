@@ -323,6 +323,32 @@ export function render(doc, element, bus) {
     { passive: false },
   );
 
+  // Keys: arrows move the selected cell, Enter or space shows it in the timeline.
+  canvas.addEventListener("keydown", (ev) => {
+    const cur = selected || { r: 0, k: view.s0 };
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    if (moves[ev.key]) {
+      ev.preventDefault();
+      const r = Math.max(0, Math.min(n - 1, cur.r + moves[ev.key][0]));
+      const k = Math.max(0, Math.min(S - 1, cur.k + moves[ev.key][1]));
+      selected = { r, k };
+      if (k < view.s0 || k >= view.s1) setView(k - (view.s1 - view.s0) / 2, k + (view.s1 - view.s0) / 2);
+      else draw();
+      tip.replaceChildren(...describe({ r, k, a: k, b: k + 1 }).map((t) => el("div", { text: t })));
+      const rect = canvas.getBoundingClientRect();
+      const c = canvas.probe.centre(r, k);
+      tip.hidden = false;
+      tip.style.left = `${rect.left + c.x + 14}px`;
+      tip.style.top = `${rect.top + c.y + 14}px`;
+    } else if ((ev.key === "Enter" || ev.key === " ") && selected) {
+      ev.preventDefault();
+      select(selected.r, selected.k);
+    }
+  });
+  canvas.addEventListener("blur", () => {
+    tip.hidden = true;
+  });
+
   function select(r, k) {
     selected = { r, k };
     draw();
