@@ -96,7 +96,8 @@ def test_merged_all_reduce_ends_lie_where_the_gpus_own_timers_put_them(tmp_path,
     raw = [chrome.read(p) for p in paths]
     own = [all_reduce_ends(t)[r] for r, t in enumerate(raw)]
     needed = statistics.median(t - (b - a) for t, a, b in zip(true_gap, own[0], own[1]))
-    sync = raw[1].metadata["clock"]["sync_to_rank0"][0]
+    syncs = raw[1].metadata["clock"]["sync_to_rank0"]
+    sync = syncs[0]
     anchors = [t.metadata["clock"]["device_anchors"][0]["uncertainty_ns_max"] for t in raw]
     applied = meta["alignment"]["per_rank"]["1"]
     print(
@@ -111,11 +112,15 @@ def test_merged_all_reduce_ends_lie_where_the_gpus_own_timers_put_them(tmp_path,
     assert statistics.median(abs(e) for e in errors) <= TARGET_NS
     # Rank 1's device events move by the host offset, whose bar for them adds both ranks' anchors,
     # or by the device refinement, whose bar is its own.
-    assert abs(sync["offset_ns"] - needed) <= sync["error_ns"] + sum(anchors) + TRUTH_NS
-    if hosts[0]:
-        dev = sync["device"]
-        assert abs(dev["offset_ns"] - needed) <= dev["error_ns"] + TRUTH_NS
-        assert "device" in applied and applied["device"]["offset_ns"] == dev["offset_ns"]
-        assert sync["method"] == "exchange" and sync["error_ns"] > 0
+    for s in syncs:
+        assert abs(s["offset_ns"] - needed) <= s["error_ns"] + sum(anchors) + TRUTH_NS
+        if hosts[0]:
+            assert s["method"] == "exchange" and s["error_ns"] > 0
+            assert abs(s["device"]["offset_ns"] - needed) <= s["device"]["error_ns"] + TRUTH_NS
+        else:
+            assert s["method"] == "same host" and s["error_ns"] == 0 and s["device"] is None
+    if hosts[0]:  # the refinement is the tighter bound: merge placed the device spans with it
+        assert applied["device"]["offset_ns"] in {s["device"]["offset_ns"] for s in syncs}
+        assert abs(applied["device"]["offset_ns"] - needed) <= applied["device"]["error_ns"] + TRUTH_NS
     else:
-        assert sync["method"] == "same host" and sync["error_ns"] == 0 and sync["device"] is None
+        assert "device" not in applied
