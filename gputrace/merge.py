@@ -440,9 +440,9 @@ def plan(sources: list[Source], allow_mixed: bool = False, ranks: frozenset[int]
         problem(f"these files come from runs of different sizes: {desc}")
     world = max(worlds) if worlds else None
     if world is not None:
-        beyond = sorted(r for s in sources for r in (s.ranks or [s.rank]) if r is not None and r >= world)
+        beyond = sorted((r, s.path) for s in sources for r in (s.ranks or [s.rank]) if r is not None and r >= world)
         if beyond and len(worlds) == 1:
-            problem(f"rank {beyond[0]} ({owner.get(beyond[0], '')}) is beyond the world size {world} of these files")
+            problem(f"rank {beyond[0][0]} ({beyond[0][1]}) is beyond the world size {world} of these files")
     present = sorted(
         {r for s in sources for r in s.ranks} | {r for s in sources for _, r in s.foreign if r is not None}
     )
