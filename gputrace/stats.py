@@ -841,7 +841,14 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((100, 24)).columns if tty else 100
 
 
-def _names_grid(rows: list[NameStats], width: int, multi: bool) -> list[str]:
+def _imbalance(r: NameStats, nranks: int) -> str:
+    text = f"{r.imbalance:.2f}x" if math.isfinite(r.imbalance) else "inf"
+    # The imbalance is among the ranks that have the name; say when some have none of it.
+    return text if r.ranks >= nranks else f"{text} on {r.ranks}/{nranks}"
+
+
+def _names_grid(rows: list[NameStats], width: int, nranks: int) -> list[str]:
+    multi = nranks > 1
     cols = [
         _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
         _Col("count", [f"{r.count:,}" for r in rows]),
@@ -856,7 +863,7 @@ def _names_grid(rows: list[NameStats], width: int, multi: bool) -> list[str]:
         cols += [
             _Col("least rank", [f"{fmt_ns(r.min_rank_total_ns)} r{r.min_rank}" for r in rows], keep=7),
             _Col("most rank", [f"{fmt_ns(r.max_rank_total_ns)} r{r.max_rank}" for r in rows], keep=6),
-            _Col("imbal", [f"{r.imbalance:.2f}x" if math.isfinite(r.imbalance) else "inf" for r in rows], keep=1),
+            _Col("imbal", [_imbalance(r, nranks) for r in rows], keep=1),
         ]
     return _grid(cols, width)
 
@@ -871,13 +878,13 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
     multi = len(s.ranks) > 1
     out: list[str] = []
     if s.names:
-        out += _names_grid(s.names, width, multi)
+        out += _names_grid(s.names, width, len(s.ranks))
     else:
         out.append("no finished spans")
     if by_rank and multi:
         for r, rows in s.by_rank.items():
             out += ["", f"rank {r}"]
-            out += _names_grid(rows, width, False) if rows else ["  no finished spans"]
+            out += _names_grid(rows, width, 1) if rows else ["  no finished spans"]
 
     # Per rank: what was left out or lost, steps called slowest, collective attribution.
     co = s.collectives if s.collectives is not None and multi else None
@@ -996,7 +1003,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
         out += [""]
         for n in s.notes:
             out += _wrap("note: " + n, width)
-    return "\n".join(line[:width] if _cell_width(line) > width else line for line in out)
+    return "\n".join(_clip(line, width) for line in out)
 
 
 def _longest_wait(o: Occurrence) -> str:

@@ -90,6 +90,16 @@ def test_names_are_sorted_by_total_and_other_tools_processes_are_left_out() -> N
     assert any("1 spans of processes that are not gputrace ranks" in n for n in s.notes)
 
 
+def test_a_name_on_some_ranks_only_says_so_beside_its_imbalance() -> None:
+    t = build({0: [("a", 0, 10), ("ckpt", 0, 500)], 1: [("a", 0, 30)], 2: [("a", 0, 20)]})
+    s = stats.summarize(t)
+    ckpt = next(r for r in s.names if r.name == "ckpt")
+    assert ckpt.ranks == 1 and ckpt.imbalance == 1.0
+    lines = stats.table(s).splitlines()
+    assert next(x for x in lines if x.startswith("ckpt")).endswith("1.00x on 1/3")
+    assert next(x for x in lines if x.startswith("a ")).endswith("3.00x")
+
+
 # ---- steps: busy time and the straggler rule --------------------------------------------------
 
 
