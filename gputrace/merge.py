@@ -534,8 +534,9 @@ def _alignment(p: Plan, align: str, align_on: str | None, occurrence: int, read:
         host = {r: ident for r in p.all_ranks}
         recorded["per_rank"] = {r: v for r, v in recorded.get("per_rank", {}).items() if r in p.all_ranks}
         return Maps(host, device, recorded)
+    own = {s.rank: s for s in p.sources if s.kind == "rank"}
     for r in p.all_ranks:
-        src = next((s for s in p.sources if s.kind == "rank" and s.rank == r), None)
+        src = own.get(r)
         if align == "none":
             per[r] = al.identity(r, files.get(r, ""))
         elif src is None:
