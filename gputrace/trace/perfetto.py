@@ -21,6 +21,8 @@ both Perfetto and `read` drop. What the file holds, packet by packet:
   categories are interned per sequence; every later packet says SEQ_NEEDS_INCREMENTAL_STATE.
 - Spans are begin/end track events, arguments debug annotations. Times are ns after the base,
   as the JSON's `ts`, so both formats show the same times.
+- Other tools' events that gputrace carries without interpreting them (`Trace.extra`: instants,
+  flows) travel as JSON in Chrome metadata `gputrace_extra`: read back, not drawn.
 
 Nesting: Perfetto nests begin/end events by time, and events of one timestamp by their place in
 the file, while the JSON importer orders complete events of one timestamp by duration. So the
@@ -48,7 +50,16 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace.chrome import _CUDA_TRACK, Layout, ProcessWriter, _fits, _update_header, dumps, layout_pieces
+from gputrace.trace.chrome import (
+    _CUDA_TRACK,
+    Layout,
+    ProcessWriter,
+    _fits,
+    _nest_in_end_order,
+    _update_header,
+    dumps,
+    layout_pieces,
+)
 from gputrace.trace.chrome import output_pids as _output_pids
 from gputrace.trace.files import atomic_writer, read_bytes
 from gputrace.trace.model import Process, Trace, Track
@@ -477,30 +488,35 @@ class _Encoder:
 
 
 def _set_value(a: pb.DebugAnnotation, value: Any) -> None:
-    """A JSON-like value as a debug annotation; what protobuf cannot hold as such (None, empty
-    containers, integers past 64 bits) goes as JSON text."""
+    """A JSON-like value as a debug annotation. None is an annotation without a value (Perfetto
+    shows none; a JSON `null` would stop its importer), an empty container a nested value of that
+    kind, an integer past 64 bits its decimal as JSON text."""
     if isinstance(value, bool):
         a.bool_value = value
     elif isinstance(value, int):
         if -(2**63) <= value < 2**63:
             a.int_value = value
+        elif 0 <= value < 2**64:
+            a.uint_value = value
         else:
             a.legacy_json_value = str(value)
     elif isinstance(value, float):
         a.double_value = value
     elif isinstance(value, str):
         a.string_value = _text(value)
-    elif isinstance(value, dict) and value:
+    elif isinstance(value, dict):
+        if not value:
+            a.nested_value.nested_type = pb.DebugAnnotation.NestedValue.DICT
         for k, v in value.items():
             e = a.dict_entries.add()
             e.name = _text(str(k))
             _set_value(e, v)
-    elif isinstance(value, (list, tuple)) and value:
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            a.nested_value.nested_type = pb.DebugAnnotation.NestedValue.ARRAY
         for v in value:
             _set_value(a.array_values.add(), v)
-    elif value is None or isinstance(value, (dict, list, tuple)):
-        a.legacy_json_value = dumps(value).decode()
-    else:
+    elif value is not None:
         a.string_value = _text(repr(value))
 
 
@@ -518,7 +534,35 @@ class _StreamLayout(Layout):
     starting at its start or end is itself outermost (or inside a joined one, which the span
     could not fit anyway)."""
 
-    fast_path = False  # every span goes through `fits`
+    fast_path = False  # the general path goes through `fits`; `place` has its own fast path
+
+    def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+        """The JSON layout's one pass for spans that come in the order they ended and all nest,
+        taken when no span of this piece begins or ends where a kept span begins; else the
+        general path."""
+        by_track: dict[int, list[int]] = {}
+        for i, t in enumerate(tracks):
+            by_track.setdefault(t, []).append(i)
+        lane = [0] * len(starts)
+        slow: list[int] = []
+        for t, rows in by_track.items():
+            lanes = self._lanes.setdefault(t, [])
+            if not lanes:
+                lanes.append(([], []))
+            ss, es = [starts[i] for i in rows], [ends[i] for i in rows]
+            taken = {s for s, e in zip(*lanes[0]) if e > s}
+            if taken.isdisjoint(ss) and taken.isdisjoint(es):
+                kept = _nest_in_end_order(lanes[0], ss, es, self.MAX_KEPT)
+                if kept is not None:
+                    lanes[0] = kept
+                    continue
+            slow += rows
+        if slow:
+            for i, k in zip(
+                slow, super().place([tracks[i] for i in slow], [starts[i] for i in slow], [ends[i] for i in slow])
+            ):
+                lane[i] = k
+        return lane
 
     def fits(self, lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
         if not _fits(lane, s, e):
@@ -884,9 +928,22 @@ def _value(d: pb.DebugAnnotation) -> Any:
         if len(d.array_values):
             return [_value(v) for v in d.array_values]
         return None
+    if kind == "nested_value":
+        return _nested(d.nested_value)
     if kind == "legacy_json_value":
         try:
             return json.loads(d.legacy_json_value)
         except ValueError:
             return d.legacy_json_value
     return getattr(d, kind)
+
+
+def _nested(n: pb.DebugAnnotation.NestedValue) -> Any:
+    if n.nested_type == pb.DebugAnnotation.NestedValue.DICT:
+        return {k: _nested(v) for k, v in zip(n.dict_keys, n.dict_values)}
+    if n.nested_type == pb.DebugAnnotation.NestedValue.ARRAY:
+        return [_nested(v) for v in n.array_values]
+    for kind in ("bool_value", "int_value", "double_value", "string_value"):
+        if n.HasField(kind):
+            return getattr(n, kind)
+    return None
