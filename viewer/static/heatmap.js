@@ -130,14 +130,16 @@ export function render(doc, element, bus) {
   function rowOf(y) {
     return Math.min(n - 1, Math.floor((y * n) / geo.h));
   }
+  // The device-pixel rows [y0, y1) of rank slot r: exactly the y for which rowOf(y) is r.
   function yBounds(r) {
-    return [Math.round((r * geo.h) / n), Math.round(((r + 1) * geo.h) / n)];
+    return [Math.ceil((r * geo.h) / n), Math.ceil(((r + 1) * geo.h) / n)];
   }
-  // The device-pixel columns [x0, x1) that step k occupies (several steps may share one).
+  // The device-pixel columns [x0, x1) that show step k: exactly the x whose columnSteps start at
+  // or before k and end after it (with more steps than pixels, the one column it shares).
   function xBounds(k) {
     const m = view.s1 - view.s0;
-    const x0 = Math.floor(((k - view.s0) * geo.w) / m);
-    const x1 = Math.max(x0 + 1, Math.floor(((k + 1 - view.s0) * geo.w) / m));
+    const x1 = Math.ceil(((k + 1 - view.s0) * geo.w) / m);
+    const x0 = Math.min(Math.ceil(((k - view.s0) * geo.w) / m), x1 - 1);
     return [x0, Math.min(x1, geo.w)];
   }
 
