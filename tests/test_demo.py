@@ -1,0 +1,50 @@
+"""The demo's progress reports and thread sizing (the CLI shows the reports; the library prints
+nothing). The whole demo, ranks and all, runs in tests/test_cli.py."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+
+from gputrace import demo
+
+
+def test_train_reports_each_step_sizes_its_threads_and_prints_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    before = torch.get_num_threads()
+    reports: list[tuple[int, int]] = []
+    try:
+        path = demo.train(str(tmp_path), 2, progress=lambda done, total: reports.append((done, total)))
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert reports == [(0, 2), (1, 2), (2, 2)]
+    assert threads == demo.threads_per_rank(1, torch.cuda.is_available())
+    assert Path(path).exists()
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_ranks_never_ask_for_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "cores", lambda: 8)
+    assert [demo.threads_per_rank(r, cuda=True) for r in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert [demo.threads_per_rank(r, cuda=False) for r in (1, 2, 16)] == [1, 1, 1]
+
+
+def test_rank_progress_lines_are_read_apart_from_other_output() -> None:
+    seen: list[tuple[int, int, int]] = []
+    last: list[str] = []
+    stderr = io.StringIO(
+        "some warning from torch\n"
+        f"{demo._PROGRESS} 0 3\n"
+        f"{demo._PROGRESS} 1 3\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: boom\n"
+    )
+    demo._read_rank(1, stderr, last, lambda r, d, t: seen.append((r, d, t)))
+    assert seen == [(1, 0, 3), (1, 1, 3)]
+    assert last[-1] == "RuntimeError: boom"
