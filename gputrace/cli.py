@@ -62,6 +62,8 @@ def _progress(quiet: bool) -> Any:
 @_guard
 def demo(out_dir: str, steps: int, ranks: int) -> None:
     """Train a small model with spans (GPU if present, else CPU), write and merge its traces."""
+    import threading
+
     from gputrace import demo as demo_mod
     from gputrace import merge as merge_mod
 
@@ -69,11 +71,24 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise GputraceError(f"cannot write to {out_dir}: {e.strerror or e}") from None
+    show = _progress(False)
+    click.echo(f"gputrace demo: {steps} steps on {ranks} rank(s), starting (torch loads in a few seconds)", err=True)
     if ranks == 1:
-        paths = [demo_mod.train(out_dir, steps)]
+        paths = [demo_mod.train(out_dir, steps, progress=lambda done, total: show("steps", done, total))]
         shown = paths[0]
     else:
-        paths = demo_mod.run_ranks(out_dir, steps, ranks)
+        done_by_rank = [0] * ranks
+        shown_done = [-1]
+        lock = threading.Lock()
+
+        def rank_progress(rank: int, done: int, total: int) -> None:
+            with lock:  # called from one reader thread per rank
+                done_by_rank[rank] = done
+                if min(done_by_rank) != shown_done[0]:
+                    shown_done[0] = min(done_by_rank)
+                    show("steps, every rank", shown_done[0], total)
+
+        paths = demo_mod.run_ranks(out_dir, steps, ranks, progress=rank_progress)
         shown = os.path.join(out_dir, "merged.json")
         merge_mod.merge(paths, shown)
     click.echo(_summary_text(paths))
