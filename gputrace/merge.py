@@ -648,6 +648,7 @@ class Taken:
     steps_found: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> steps it has
     negative: int = 0
     windows: dict[int, tuple[int, int] | None] = dataclasses.field(default_factory=dict)
+    nested: list[int] = dataclasses.field(default_factory=list)  # processes whose spans nest as written
 
 
 def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int, tuple[int, int] | None]) -> Taken:
@@ -685,6 +686,10 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
             new = Process(pid, rank, label, sort if sort is not None else 0, q.metadata, True)
         proc_map.append(out.add_process(new))
         proc_rank.append(rank)
+        if src.kind != "foreign":
+            # gputrace's writer laid these out so that every track nests, and the maps are
+            # monotone per track: they still nest, no need to check again.
+            res.nested.append(proc_map[-1])
     # Tracks, and the map each track's times go through.
     track_map = array("l")
     track_fn: list[al.ClockMap | None] = []
@@ -1044,7 +1049,7 @@ def _run_group(group: list[Source], ctx: Context, out: Trace | None, base_ns: in
         results.append(take(part, s, trace, ctx, windows))
         del trace
     if base_ns is not None:
-        return encode_part(part, base_ns), results
+        return encode_part(part, base_ns, {p for r in results for p in r.nested}), results
     return part, results
 
 
@@ -1328,9 +1333,10 @@ def merge(
     return header
 
 
-def encode_part(part: Trace, base_ns: int) -> bytes:
+def encode_part(part: Trace, base_ns: int, nested: set[int] | frozenset[int] = frozenset()) -> bytes:
     """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer:
-    each process with its own writer, its spans laid out once over all of them."""
+    each process with its own writer, its spans laid out once over all of them (`nested`:
+    processes known to nest on every track already, which are written as they are)."""
     chunks: list[bytes] = []
     pid_of = {i: q.pid for i, q in enumerate(part.processes)}
     rows_of: dict[int, list[int]] = {i: [] for i in range(len(part.processes))}
@@ -1344,11 +1350,9 @@ def encode_part(part: Trace, base_ns: int) -> bytes:
         w = chrome.ProcessWriter(q.pid, q)  # type: ignore[arg-type]
         chunks.append(w.process_events())
         rows = rows_of[pi]
-        layout = _CheckedLayout(sp, rows)
+        layout = _CheckedLayout(sp, rows, pi in nested)
         w.layout = layout  # type: ignore[assignment]
-        if layout.fallback is None:
-            rows.sort(key=sp.start.__getitem__)
-        else:
+        if layout.fallback is not None:
             # The Chrome writer's layout judges nesting across pieces when they come in the
             # order spans ended (children before their parents).
             rows.sort(key=sp.start.__getitem__, reverse=True)
@@ -1374,8 +1378,8 @@ class _CheckedLayout:
     maps): all on lane 0, after one check over the whole process; if any two cross, the Chrome
     writer's own layout decides."""
 
-    def __init__(self, sp: Any, rows: list[int]) -> None:
-        self.fallback: chrome.Layout | None = None if _nested(sp, rows) else chrome.Layout()
+    def __init__(self, sp: Any, rows: list[int], known: bool = False) -> None:
+        self.fallback: chrome.Layout | None = None if known or _nested(sp, rows) else chrome.Layout()
 
     def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
         if self.fallback is not None:
