@@ -159,8 +159,10 @@ def syncs_from_metadata(metadata: Mapping[str, Any], device: bool = False) -> li
     for s in raw if isinstance(raw, list) else ():
         if device:
             s = s.get("device") if isinstance(s, Mapping) else None
+        if not isinstance(s, Mapping):
+            continue
         try:
-            out.append(Sync(int(s["at_ns"]), int(s["offset_ns"]), int(s["error_ns"])))  # type: ignore[index]
+            out.append(Sync(int(s["at_ns"]), int(s["offset_ns"]), int(s["error_ns"])))
         except (KeyError, TypeError, ValueError):
             continue
     return sorted(out, key=lambda s: s.at_ns)

@@ -53,10 +53,10 @@ def read_trace(path: str) -> Trace:
     """One trace file of either format, as a `Trace` (no alignment, no checks)."""
     if detect(path) == "perfetto":
         try:
-            from gputrace.trace import perfetto  # type: ignore[attr-defined]
+            from gputrace.trace import perfetto
         except ImportError:
             raise TraceFormatError(path, "a Perfetto protobuf trace, which this gputrace cannot read") from None
-        return perfetto.read(path)  # type: ignore[no-any-return]
+        return perfetto.read(path)
     return chrome.read(path)
 
 
@@ -102,6 +102,10 @@ def _no_rank(path: str) -> MergeError:
     )
 
 
+def _mapping(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -109,8 +113,8 @@ def _int(v: Any) -> int | None:
 def describe_header(path: str, header: Mapping[str, Any], rank_from_filename: bool = False) -> Source | None:
     """A gputrace file described from its header alone (None when the header is not enough:
     another tool's trace, whose processes and times are known only from its events)."""
-    meta = header.get("metadata") if isinstance(header.get("metadata"), Mapping) else {}
-    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), Mapping) else {}
+    meta = _mapping(header.get("metadata"))
+    info = _mapping(header.get("distributedInfo"))
     base = _int(header.get("baseTimeNanoseconds"))
     world = _int(info.get("world_size", meta.get("world_size")))
     if meta.get("merged"):
@@ -260,14 +264,17 @@ class Selection:
         window: tuple[int | None, int | None] | None = None,
         step_name: str = "step",
     ) -> Selection:
+        bounds: tuple[int | None, int | None] | None
         if isinstance(steps, range):
             if steps.step != 1:
                 raise MergeError("steps: a range with step 1 (every step from first to last)")
-            steps = (steps.start, steps.stop)
-        elif isinstance(steps, int) and not isinstance(steps, bool):
-            steps = (steps, steps + 1)
-        if steps is not None:
-            a, b = steps
+            bounds = (steps.start, steps.stop)
+        elif isinstance(steps, int):
+            bounds = (steps, steps + 1)
+        else:
+            bounds = steps
+        if bounds is not None:
+            a, b = bounds
             if (a is not None and a < 0) or (b is not None and b < 0):
                 raise MergeError("steps: indices count from 0 (the first step is 0)")
             if a is not None and b is not None and b <= a:
@@ -276,7 +283,7 @@ class Selection:
             lo, hi = window
             if lo is not None and hi is not None and (lo >= EPOCH_MIN_NS) == (hi >= EPOCH_MIN_NS) and hi <= lo:
                 raise MergeError(f"window {lo}:{hi} selects nothing: its end is not after its start")
-        return cls(frozenset(ranks) if ranks is not None else None, steps, window, step_name)
+        return cls(frozenset(ranks) if ranks is not None else None, bounds, window, step_name)
 
     @property
     def by_time(self) -> bool:
@@ -440,7 +447,7 @@ def plan(sources: list[Source], allow_mixed: bool = False, ranks: frozenset[int]
         problem(f"these files come from runs of different sizes: {desc}")
     world = max(worlds) if worlds else None
     if world is not None:
-        beyond = sorted((r, s.path) for s in sources for r in (s.ranks or [s.rank]) if r is not None and r >= world)
+        beyond = sorted((r, s.path) for s in sources for r in [*s.ranks, s.rank] if r is not None and r >= world)
         if beyond and len(worlds) == 1:
             problem(f"rank {beyond[0][0]} ({beyond[0][1]}) is beyond the world size {world} of these files")
     present = sorted(
@@ -777,12 +784,12 @@ def _map_columns(
 ) -> tuple[array[int], array[int]]:
     used = {id(f): f for f in fns if f is not None}
     if len(used) <= 1:
-        f = next(iter(used.values()), _IDENTITY)
-        if not f.knots:
+        only = next(iter(used.values()), _IDENTITY)
+        if not only.knots:
             return (start if isinstance(start, array) else array("q", start)), (
                 end if isinstance(end, array) else array("q", end)
             )
-        return f.column(start), f.column(end)
+        return only.column(start), only.column(end)
     # Tracks that go through different maps (a rank's device spans, another rank's process):
     # each group of rows through its own map, in one pass per map.
     s_out, e_out = array("q", start), array("q", end)
@@ -1359,10 +1366,10 @@ def encode_part(part: Trace, base_ns: int, nested: set[int] | frozenset[int] = f
             rows.sort(key=sp.end.__getitem__)
         for k in range(0, len(rows), 65536):
             chrome.encode_spans(part, rows[k : k + 65536], w, base_ns, chunks)
-        for ti, t in enumerate(part.tracks):
-            if t.process == pi and (pi, t.tid) in wanted:
+        for ti, track in enumerate(part.tracks):
+            if track.process == pi and (pi, track.tid) in wanted:
                 meta: list[bytes] = []
-                tid_of[(pi, t.tid)] = w.tid(part, ti, 0, meta)
+                tid_of[(pi, track.tid)] = w.tid(part, ti, 0, meta)
                 chunks.extend(meta)
     # Other tools' instants and flows point at threads by tid: give them the tids written.
     for e in part.extra:
@@ -1475,7 +1482,7 @@ def _merge_perfetto(
     progress: Progress | None,
 ) -> dict[str, Any]:
     try:
-        from gputrace.trace import perfetto  # type: ignore[attr-defined]
+        from gputrace.trace import perfetto
     except ImportError:
         raise GputraceError("writing Perfetto protobuf needs gputrace.trace.perfetto; write JSON (-o x.json)") from None
     trace = load(

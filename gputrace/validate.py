@@ -79,13 +79,13 @@ def validate_file(path: str, limit: int = 20) -> Report:
             )
     if isinstance(trace, list):
         events = trace
-        trace = {"traceEvents": events}
+        meta: dict[str, Any] = {}
+        trace = {"traceEvents": events, "metadata": meta}
         for e in events:  # a streamed gputrace file carries its header as metadata events
             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "gputrace":
-                args = e.get("args") if isinstance(e.get("args"), dict) else {}
-                trace.setdefault("metadata", {}).update(args.get("metadata") or {})
-                if "distributedInfo" in args:
-                    trace["distributedInfo"] = args["distributedInfo"]
+                args = e.get("args")
+                if isinstance(args, dict) and isinstance(args.get("metadata"), dict):
+                    meta.update(args["metadata"])
     elif not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
     validate(trace, report, limit)
@@ -96,8 +96,8 @@ def validate_file(path: str, limit: int = 20) -> Report:
 
 
 def _is_rank_file(trace: dict[str, Any]) -> bool:
-    meta = trace.get("metadata") if isinstance(trace.get("metadata"), dict) else {}
-    return not meta.get("merged")
+    meta = trace.get("metadata")
+    return not (isinstance(meta, dict) and meta.get("merged"))
 
 
 def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
