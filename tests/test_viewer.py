@@ -75,8 +75,9 @@ def make_trace(
     return t
 
 
-def write_ranks(trace: Trace, out: Path) -> list[str]:
-    """Each rank of `trace` as gputrace's own per-rank file."""
+def write_ranks(trace: Trace, out: Path, ext: str = "json") -> list[str]:
+    """Each rank of `trace` as gputrace's own per-rank file (Chrome JSON, or Perfetto protobuf
+    with ext="pftrace")."""
     paths = []
     for proc in trace.processes:
         r = proc.rank
@@ -88,8 +89,13 @@ def write_ranks(trace: Trace, out: Path) -> list[str]:
         for name, track, s, e, args in trace.iter_spans():
             if track in tracks:
                 one.add_span(name, tracks[track], s, e, args)
-        path = out / f"trace_rank{r}.json"
-        chrome.write(one, str(path))
+        path = out / f"trace_rank{r}.{ext}"
+        if ext == "json":
+            chrome.write(one, str(path))
+        else:
+            from gputrace.trace import perfetto
+
+            perfetto.write(one, str(path))
         paths.append(str(path))
     return paths
 
@@ -352,6 +358,17 @@ def test_view_export_writes_the_report(tmp_path: Path) -> None:
     payload = re.search(r'id="gputrace-data">(.*?)</script>', out.read_text(), re.S).group(1)
     doc = orjson.loads(payload)
     assert doc["steps"]["skipped"] == 1 and doc["steps"]["count"] == 5 and doc["timeline"]["ui"] is None
+
+
+def test_view_reads_perfetto_protobuf(tmp_path: Path) -> None:
+    write_ranks(make_trace(3, 6, {0: {4}}), tmp_path, "pftrace")
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["view", str(tmp_path), "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads(re.search(r'id="gputrace-data">(.*?)</script>', out.read_text(), re.S).group(1))
+    st = doc["steps"]
+    assert doc["ranks"] == [0, 1, 2] and st["count"] == 6
+    assert {(st["verdict"]["slot"][k], k) for k in range(6) if st["verdict"]["called"][k]} == {(0, 4)}
 
 
 def test_view_errors_are_one_line(tmp_path: Path) -> None:
