@@ -10,7 +10,10 @@ How the host offsets are found, at any scale:
 - Ranks on one host read one CLOCK_MONOTONIC, and each turns it into epoch ns through its own
   realtime-minus-monotonic offset (`HostClock.epoch_offset_ns`). Between two of them the offset
   is therefore the difference of those two numbers, exactly: no message needs to cross. One
-  all_gather_object gives every rank every rank's host identity and epoch offset.
+  all_gather of three integers a rank (its host identity hashed, its epoch offset, whether it can
+  take part in the device refinement) tells every rank all of this: the one step whose cost grows
+  with the number of ranks (gloo's all_gather is a ring), and half of what all_gather_object
+  would cost (a gather of sizes, then one of pickled bytes).
 - One leader per host (its lowest rank) measures against rank 0's host by ping-pong (NTP's
   rule: keep the least round trip, the answer is off by at most half of it). The leaders do it in
   a binomial tree: in round k, each leader that already knows its offset answers the leader 2^k
@@ -33,6 +36,7 @@ global timers to about 0.1 us (docs/accuracy.md, "Across ranks"), closer than th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import statistics
@@ -176,11 +180,17 @@ class HostPlan:
     epoch_offset: dict[int, int]  # global rank -> HostClock.epoch_offset_ns
 
 
-def plan_hosts(ranks: list[int], table: list[tuple[str, int]]) -> HostPlan:
+def _host_key(identity: str) -> int:
+    """A host identity as a signed 64-bit integer (a hash: two hosts of a 4,096-rank job collide
+    with a probability of about 1e-12)."""
+    return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def plan_hosts(ranks: list[int], table: list[tuple[Any, int]]) -> HostPlan:
     """`table[i]` is (host identity, epoch offset) of `ranks[i]`; the lowest rank of each host
     leads it, and the leaders are ordered as their ranks are in the group (so the group's first
     rank leads the first host)."""
-    first: dict[str, int] = {}
+    first: dict[Any, int] = {}
     leader_of: dict[int, int] = {}
     for rank, (ident, _) in zip(ranks, table):
         leader_of[rank] = first.setdefault(ident, rank)
@@ -215,8 +225,10 @@ def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) 
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
     root = ranks[0]
     probe_dev = _probe_device(dist, group) if device_probes > 0 else None
-    table: list[Any] = [None] * len(ranks)
-    dist.all_gather_object(table, (host_identity(), clock.epoch_offset_ns, probe_dev is not None), group=g)
+    mine = torch.tensor([_host_key(host_identity()), clock.epoch_offset_ns, probe_dev is not None], dtype=torch.int64)
+    gathered = [torch.empty_like(mine) for _ in ranks]
+    dist.all_gather(gathered, mine, group=g)
+    table = [tuple(int(v) for v in t) for t in gathered]
     plan = plan_hosts(ranks, [(t[0], t[1]) for t in table])
     leader = plan.leader_of[me]
     hosts = len(plan.leaders)
