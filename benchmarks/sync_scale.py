@@ -11,6 +11,9 @@ the children share its pages) times, interleaved in every repeat, four ways to s
 - `every rank a host`: the tree with every rank a leader (the most exchanges gputrace makes);
 - `serial (before)`: rank 0 ping-pongs every other rank in turn, as gputrace did before.
 
+and, once per world, how long gloo took to build the group (every pair connected: what a gloo
+side group costs the first sync_clocks() of an NCCL job).
+
 A call's wall time is from a barrier until the last rank returns (the largest per-rank time).
 Prints the medians over repeats (min-max) and each against `serial (before)` of the same world.
 On a 2-core machine every message costs context switches among all the processes, so these are
@@ -57,7 +60,10 @@ def serial_sync(clock: HostClock, exchanges: int) -> None:
 
 def child(rank: int, world: int, port: int, repeats: int, exchanges: int, out: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    t0 = time.perf_counter_ns()
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.barrier()
+    init_ns = time.perf_counter_ns() - t0
     clock = HostClock()
     calls = {
         "one host": lambda: gdist.sync_clocks(clock, None, exchanges),
@@ -78,25 +84,28 @@ def child(rank: int, world: int, port: int, repeats: int, exchanges: int, out: m
             calls[mode]()
             if rep:
                 times[mode].append(time.perf_counter_ns() - t0)
-    out.put((rank, times))
+    out.put((rank, times, init_ns))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def measure(world: int, repeats: int, exchanges: int) -> dict[str, list[float]]:
+def measure(world: int, repeats: int, exchanges: int) -> tuple[dict[str, list[float]], float]:
     ctx = mp.get_context("fork")
     q: mp.Queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=child, args=(r, world, port, repeats, exchanges, q)) for r in range(world)]
     for p in procs:
         p.start()
-    per_rank = dict(q.get(timeout=1800) for _ in procs)
+    got = [q.get(timeout=1800) for _ in procs]
+    per_rank = {r: t for r, t, _ in got}
+    init_ms = max(i for _, _, i in got) / 1e6
     for p in procs:
         p.join(timeout=120)
         if p.exitcode != 0:
             raise SystemExit(f"a rank of the {world}-process group exited with {p.exitcode}")
     # A call's wall time: the slowest rank's, repeat by repeat.
-    return {m: [max(per_rank[r][m][i] for r in per_rank) / 1e6 for i in range(repeats)] for m in MODES}
+    res = {m: [max(per_rank[r][m][i] for r in per_rank) / 1e6 for i in range(repeats)] for m in MODES}
+    return res, init_ms
 
 
 def main() -> None:
@@ -111,12 +120,13 @@ def main() -> None:
     )
     print(f"{'ranks':>5}  {'mode':<18} {'median ms':>10} {'min-max ms':>16} {'vs serial':>10}")
     for world in args.worlds:
-        res = measure(world, args.repeats, args.exchanges)
+        res, init_ms = measure(world, args.repeats, args.exchanges)
         base = statistics.median(res["serial (before)"])
         for mode in MODES:
             v = res[mode]
             med = statistics.median(v)
             print(f"{world:>5}  {mode:<18} {med:>10.1f} {min(v):>7.1f}-{max(v):<8.1f} {med / base:>9.2f}x", flush=True)
+        print(f"{world:>5}  {'(gloo group, once)':<18} {init_ms:>10.1f}  init_process_group + barrier, full mesh")
 
 
 if __name__ == "__main__":
