@@ -4,12 +4,13 @@
 
 Writes synthetic per-rank traces with gputrace's own Chrome writer (per step: a host `step`
 span, and forward, backward and all_reduce on a CUDA stream; a clock sync per rank), then runs
-each of `merge.load` and `merge.merge` in a fresh interpreter, with one process and with worker
-processes, alternating the two, and reads the interpreter's peak resident memory (VmHWM) at its
-end. Prints one table: medians, min-max over rounds, and each worker run's time against the
-in-process run measured beside it (peak memory: the interpreter's, and the
-largest worker's beside it). Sizes: 64 ranks x 40,000 spans (the issue's figure) and
-1,024 ranks x 2,000 spans (`--quick`: 16 x 5,000 and 128 x 500).
+each of `merge.load` and `merge.merge` in a fresh interpreter, in that process and with worker
+processes, alternating the two. Each run reports its wall time, the CPU time it and its workers
+used (on a shared machine the steadier figure; the wall time is what a user waits), its peak
+resident memory (VmHWM) and its largest worker's. Prints one table: medians, min-max over rounds,
+and each worker run's wall time against the in-process run measured beside it. Sizes: 64 ranks
+x 40,000 spans (the issue's figure) and 1,024 ranks x 2,000 spans (`--quick`: 16 x 5,000 and
+128 x 500).
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ t0 = time.perf_counter()
 wall = time.perf_counter() - t0
 hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM'))
 import resource
-worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest worker's peak (KB)
-print(wall, hwm / 1e3, worker / 1e3)
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime  # this interpreter and its workers
+print(wall, hwm / 1e3, kids.ru_maxrss / 1e3, cpu)  # ru_maxrss of children: the largest worker's peak
 """
 
 CALLS = {
@@ -82,14 +84,14 @@ CALLS = {
 }
 
 
-def run_child(what: str, directory: str, workers: int, out: str) -> tuple[float, float, float]:
+def run_child(what: str, directory: str, workers: int, out: str) -> tuple[float, float, float, float]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = CHILD.format(root=root, call=CALLS[what].format(d=directory, w=workers, out=out))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{what} failed:\n{r.stderr}")
-    wall, mb, worker_mb = r.stdout.split()
-    return float(wall), float(mb), float(worker_mb)
+    wall, mb, worker_mb, cpu = r.stdout.split()
+    return float(wall), float(mb), float(worker_mb), float(cpu)
 
 
 def main() -> None:
@@ -103,8 +105,8 @@ def main() -> None:
     root = args.dir or tempfile.mkdtemp(prefix="gputrace-merge-scale-")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"# merge and load at scale; {cpus} CPUs; load average {os.getloadavg()[0]:.1f}; traces in {root}")
-    _, idle_mb, _ = run_child("nothing", root, 1, "")
-    rows: list[tuple[str, str, list[float], list[float], list[float], str]] = []
+    _, idle_mb, _, _ = run_child("nothing", root, 1, "")
+    rows: list[tuple[str, str, list[float], list[float], list[float], list[float], str]] = []
     for ranks, spans in sizes:
         d = os.path.join(root, f"{ranks}x{spans}")
         t0 = time.perf_counter()
@@ -116,28 +118,34 @@ def main() -> None:
             times: dict[int, list[float]] = {1: [], args.workers: []}
             mems: dict[int, list[float]] = {1: [], args.workers: []}
             wmems: dict[int, list[float]] = {1: [], args.workers: []}
+            cpus_used: dict[int, list[float]] = {1: [], args.workers: []}
             for _ in range(args.rounds):
                 for w in (1, args.workers):  # alternated, so load on the machine hits both alike
-                    wall, mb, worker_mb = run_child(what, d, w, out)
+                    wall, mb, worker_mb, cpu = run_child(what, d, w, out)
                     times[w].append(wall)
+                    cpus_used[w].append(cpu)
                     mems[w].append(mb)
                     wmems[w].append(worker_mb if w > 1 else 0.0)
                     extra = f", largest worker {worker_mb:,.0f} MB" if w > 1 else ""
-                    print(f"  {what} workers={w}: {wall:.2f} s, peak {mb:,.0f} MB{extra}", flush=True)
+                    print(f"  {what} workers={w}: {wall:.2f} s (cpu {cpu:.2f} s), peak {mb:,.0f} MB{extra}", flush=True)
             base = statistics.median(times[1])
             for w in (1, args.workers):
                 ratio = "1.00x" if w == 1 else f"{statistics.median(times[w]) / base:.2f}x"
                 name = f"{what}, {w} worker{'s' if w > 1 else ''}" if w > 1 else f"{what}, in process"
-                rows.append((group, name, times[w], mems[w], wmems[w], ratio))
+                rows.append((group, name, times[w], cpus_used[w], mems[w], wmems[w], ratio))
         if os.path.exists(out):
             os.unlink(out)
     print()
-    head = f"{'traces':<38} {'run':<20} {'wall s (min-max)':>22} {'peak MB':>9} {'+ worker MB':>12} {'time ratio':>11}"
+    head = (
+        f"{'traces':<38} {'run':<20} {'wall s (min-max)':>22} {'cpu s':>7} {'peak MB':>8} {'+ worker MB':>12}"
+        f" {'wall ratio':>11}"
+    )
     print(head)
-    for group, name, times, mems, wmems, ratio in rows:
+    for group, name, times, cpu_s, mems, wmems, ratio in rows:
         t = f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f})"
         w = f"{statistics.median(wmems):,.0f}" if any(wmems) else "-"
-        print(f"{group:<38} {name:<20} {t:>22} {statistics.median(mems):>9,.0f} {w:>12} {ratio:>11}")
+        c = statistics.median(cpu_s)
+        print(f"{group:<38} {name:<20} {t:>22} {c:>7.2f} {statistics.median(mems):>8,.0f} {w:>12} {ratio:>11}")
     print(f"(an interpreter that imports gputrace.merge and does nothing peaks at {idle_mb:,.0f} MB)")
 
 
