@@ -15,7 +15,7 @@ class Span:
 
     name: str
     args: dict[str, Any] | None
-    stack: _Stack | None
+    stack: _Stack  # None only on a span skipped in CUDA graph capture
     parent: Span | None
     id: int | None
     gen: int

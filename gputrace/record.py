@@ -139,7 +139,9 @@ class PySpan:
     __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "error")
     name: str
     args: dict[str, Any] | None
-    stack: _Stack | None  # unset until opened; None: skipped (CUDA graph capture)
+    # Unset until opened. Typed without None, which only a span skipped in CUDA graph capture
+    # holds (set in _open_py, handled in _close_unusual): code that sees open spans reads it freely.
+    stack: _Stack
     parent: PySpan | None
     id: int | None  # unset until resolve numbers it
     gen: int  # device spans: the first anchor that can follow the start event
@@ -539,7 +541,7 @@ class Recorder:
             if copies:
                 if self.device is not None:
                     self.device.synchronize()
-                    for dev in sorted({c.stack.device for c in copies} - {None}):
+                    for dev in sorted({c.stack.device for c in copies if c.stack.device is not None}):
                         self._anchor(dev)
                 pools: list[list[Any]] = [[] for _ in self.timelines]  # the originals keep their start events
                 resolve(copies, self.timelines, self.clock, snap, pools)
