@@ -572,10 +572,10 @@ def _collective_ends(p: Plan, name: str, occurrence: int, read: Callable[[Source
             idx = trace.names.index(name)
         except ValueError:
             idx = -1
-        proc_rank = [
-            (q.rank if s.kind == "merged" else s.rank, 0 if (not q.foreign and s.kind != "foreign") else 1)
-            for q in trace.processes
-        ]
+        if s.kind == "merged":
+            proc_rank = [(r, 1 if f else 0) for r, f in _merged_ranks(trace)]
+        else:
+            proc_rank = [(s.rank, 0 if (not q.foreign and s.kind != "foreign") else 1) for q in trace.processes]
         track_info = [proc_rank[t.process] for t in trace.tracks]
         hits: dict[tuple[int, int], list[tuple[int, int]]] = {}
         if idx >= 0:
@@ -633,7 +633,7 @@ class Context:
         paths = {s.path for s in group}
         m = self.maps
         return Context(
-            self.keep_ranks,
+            frozenset(r for r in ranks if r in self.keep_ranks),
             {r: v for r, v in self.rank_sort.items() if r in ranks},
             {k: v for k, v in self.pids.items() if k[0] in paths},
             {k: v for k, v in self.sorts.items() if k[0] in paths},
@@ -1016,7 +1016,7 @@ def _prepare(
 ) -> _Job:
     sources = [describe(f, rank_from_filename, keep=keep) for f in files]
     p = plan(sources, allow_mixed, sel.ranks)
-    maps = _alignment(p, align, align_on, occurrence, _read_source)
+    maps = _alignment(p, align, align_on, occurrence, _read_and_keep if keep else _read_source)
     start = _start(p, maps)
     return _Job(p, maps, sel, start, Context.make(p, maps, sel, sel.absolute(start)), _groups(p))
 
@@ -1042,6 +1042,12 @@ def _group_label(group: list[Source]) -> str:
 
 def _read_source(s: Source) -> Trace:
     return s.trace if s.trace is not None else read_trace(s.path)
+
+
+def _read_and_keep(s: Source) -> Trace:
+    if s.trace is None:
+        s.trace = read_trace(s.path)
+    return s.trace
 
 
 def _run_group(group: list[Source], ctx: Context, out: Trace | None, base_ns: int | None) -> tuple[Any, list[Taken]]:
