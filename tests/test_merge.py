@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -440,6 +441,52 @@ def test_a_torch_profiler_trace_alone_needs_its_rank(profiled: Path, tmp_path: P
     with pytest.raises(MergeError, match="--rank-from-filename"):
         merge_mod.load([str(lone)])
     assert merge_mod.load([str(profiled / "kineto_rank0.json")]).metadata["ranks"] == []
+
+
+def test_another_tools_trace_moves_with_its_ranks_offset(tmp_path: Path) -> None:
+    paths = write_ranks(tmp_path / "r", world=2, syncs=[(BASE, 50_000, 10)])
+    kineto = tmp_path / "gpu_trace.json"
+    kineto.write_bytes(
+        orjson.dumps(
+            {
+                "distributedInfo": {"rank": 1, "world_size": 2},
+                "baseTimeNanoseconds": BASE - 1_000_000,
+                "traceEvents": [
+                    {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}},
+                    {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1000.5, "dur": 2.25},
+                    {"ph": "f", "id": 1, "pid": 0, "tid": 7, "ts": 1000.5, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+                ],
+            }
+        )
+    )
+    trace = merge_mod.load([*paths, str(kineto)])
+    gemm = [x for x in spans(trace) if x[1] == "gemm"]
+    assert gemm == [(1, "gemm", BASE + 500 + 50_000, BASE + 500 + 2_250 + 50_000)]
+    gpu = [p for p in trace.processes if p.foreign]
+    assert [(p.pid, p.rank, p.label, p.sort_index) for p in gpu] == [(3, 1, "GPU 0 [rank 1]", 101)]
+    assert [p.sort_index for p in trace.processes if not p.foreign] == [0, 100]
+    out = tmp_path / "m.json"
+    merge_mod.merge([*paths, str(kineto)], str(out))
+    assert spans(chrome.read(str(out))) == spans(trace)
+    lines = out.read_bytes().split(b"\n")
+    flow = orjson.loads(next(ln for ln in lines if b'"ac2g"' in ln).rstrip(b","))
+    kernel = orjson.loads(next(ln for ln in lines if b'"gemm"' in ln).rstrip(b","))
+    assert (flow["pid"], flow["tid"]) == (kernel["pid"], kernel["tid"]) == (3, kernel["tid"])
+
+
+def test_merged_files_of_older_versions_keep_their_ranks(tmp_path: Path) -> None:
+    """Before the pid -> rank table, a merged file said only its ranks; pid = rank + 1."""
+    paths = write_ranks(tmp_path / "r", world=2)
+    merged = tmp_path / "new.json"
+    merge_mod.merge(paths, str(merged))
+    data = orjson.loads(merged.read_bytes())
+    for key in ("pid_rank", "foreign_pids"):
+        del data["metadata"][key]
+    old = tmp_path / "old.json"
+    old.write_bytes(orjson.dumps(data))
+    trace = merge_mod.load(str(old))
+    assert trace.ranks == [0, 1] and spans(trace) == spans(merge_mod.load(paths))
+    assert trace.metadata["rank_metadata"][1]["rank"] == 1
 
 
 # ---- scale paths ---------------------------------------------------------------------------------
