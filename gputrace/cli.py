@@ -233,8 +233,9 @@ def merge(
 @click.argument("paths", nargs=-1, required=True)
 @_guard
 def validate(paths: tuple[str, ...]) -> None:
-    """Check traces against the rules Perfetto's importer applies; exit 1 if any has errors."""
-    from gputrace.merge import expand
+    """Check traces (gputrace's or another tool's, JSON or protobuf) against the rules Perfetto's
+    importer applies; exit 1 if any has errors."""
+    from gputrace.trace.files import expand
     from gputrace.validate import format_report, validate_file
 
     bad = 0
