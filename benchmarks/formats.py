@@ -1,0 +1,190 @@
+"""Trace formats side by side: how fast the Chrome JSON and the Perfetto protobuf writers write
+the same trace, whole and streamed flush by flush, and how many bytes a span takes.
+
+    python benchmarks/formats.py [--spans 1000000] [--flush 20000] [--repeats 3] [--dir DIR]
+
+One rank of a training run as the recorder stores it (spans in the order they ended): steps of
+nested spans on two CUDA streams and a host thread, a step number on every step span, memory
+counters at every flush. Measured in one run, interleaved and repeated: `chrome.write` and
+`perfetto.write` (a whole trace, as `save()` writes it), both `StreamWriter`s (a trace per
+flush, as the session appends them; the flush traces are built before the clock starts), and
+both readers. Prints medians of wall and CPU time (the CPU time moves less on a shared
+machine), spans/s, bytes a span, and each protobuf figure as a ratio of the JSON one. Target:
+protobuf at least 3x smaller than JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gputrace.trace import chrome, perfetto  # noqa: E402
+from gputrace.trace.model import Process, Trace, Track  # noqa: E402
+
+BASE = 1_764_000_000_000_000_000
+HEADER = {"distributedInfo": {"rank": 0, "world_size": 8}, "metadata": {"gputrace_version": "bench", "run_id": "b"}}
+
+
+def rank_trace(spans: int, seed: int = 0) -> Trace:
+    """About `spans` spans, stored in the order they ended (children before their parents). Every
+    duration and gap jitters as measured GPU times do (a few percent, on a 32 ns grid), so the
+    files compress as real ones, not as a repeated pattern."""
+    rng = random.Random(seed)
+
+    def d(ns: int) -> int:
+        return max(32, int(ns * rng.uniform(0.95, 1.05)) // 32 * 32)
+
+    trace = Trace({"gputrace_version": "bench", "run_id": "b", "world_size": 8})
+    p = trace.add_process(Process(1, 0, "rank 0 (bench)", 0, trace.metadata))
+    compute = trace.add_track(Track(p, 1, "cuda:0 default stream", "cuda", 0, 0))
+    comm = trace.add_track(Track(p, 2, "cuda:0 stream 13", "cuda", 0, 13))
+    host = trace.add_track(Track(p, 3, "thread MainThread (host)", "cpu", None, 100))
+    alloc = trace.add_track(Track(p, "cuda:0 memory allocated", "cuda:0 memory allocated", "counter", 0))
+    t = BASE
+    step = 0
+    while len(trace.spans) < spans:
+        s0 = t
+        for j in range(12):  # forward: a layer span around two kernels
+            k1 = t + d(1_000)
+            k1_end = k1 + d(40_000)
+            k2_end = k1_end + d(1_000) + d(8_000)
+            trace.add_span("aten::mm", compute, k1, k1_end)
+            trace.add_span("softmax", compute, k1_end + d(1_000), k2_end)
+            t = k2_end + d(1_000)
+            trace.add_span(f"layer{j}", compute, s0 if j == 0 else k1 - d(500), t)
+        fwd_end = t
+        trace.add_span("forward", compute, s0, fwd_end)
+        t = fwd_end + d(900_000)
+        trace.add_span("backward", compute, fwd_end, t)
+        comm_end = t + d(20_000)
+        trace.add_span("nccl:all_reduce", comm, fwd_end + d(300_000), comm_end, {"collective": True})
+        opt = comm_end + d(5_000)
+        opt_end = opt + d(100_000)
+        trace.add_span("optimizer.step", compute, opt, opt_end)
+        trace.add_span("dataloader", host, s0 - d(50_000), s0 - d(10_000))
+        t = opt_end + d(5_000)
+        trace.add_span("step", compute, s0, t, {"step": step})
+        trace.counters.append(alloc, t, float((40 << 30) + rng.randrange(1 << 28)))
+        t += d(200_000)
+        step += 1
+    return trace
+
+
+def flush_traces(trace: Trace, per_flush: int) -> list[tuple[Trace, range, range]]:
+    """The trace cut into the traces a session appends, one per flush (tracks and names kept)."""
+    out = []
+    sp, c = trace.spans, trace.counters
+    k = 0
+    for lo in range(0, len(sp), per_flush):
+        hi = min(lo + per_flush, len(sp))
+        t = Trace(trace.metadata)
+        t.processes, t.tracks, t.names, t._name_index = trace.processes, trace.tracks, trace.names, trace._name_index
+        t.spans.extend(sp.name[lo:hi], sp.track[lo:hi], sp.start[lo:hi], sp.end[lo:hi], sp.args[lo:hi])
+        last = sp.end[hi - 1]
+        while k < len(c) and c.ts[k] <= last:
+            t.counters.append(c.track[k], c.ts[k], c.value[k])
+            k += 1
+        out.append((t, range(hi - lo), range(len(t.counters))))
+    return out
+
+
+def streamed(writer: type, path: str, pieces: list[tuple[Trace, range, range]]) -> None:
+    w = writer(path, BASE - 1_000_000, pieces[0][0].processes[0], HEADER)
+    for t, rows, counters in pieces:
+        w.append(t, rows, counters)
+    w.finish({**HEADER, "metadata": {**HEADER["metadata"], "spans": w.spans_written}})
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    gc.collect()
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spans", type=int, default=1_000_000)
+    ap.add_argument("--flush", type=int, default=20_000, help="spans a flush appends")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args()
+    directory = a.dir or tempfile.mkdtemp(prefix="gputrace-formats-")
+    os.makedirs(directory, exist_ok=True)
+    t0 = time.perf_counter()
+    trace = rank_trace(a.spans)
+    pieces = flush_traces(trace, a.flush)
+    n = len(trace.spans)
+    built = time.perf_counter() - t0
+    print(f"{n:,} spans, {len(pieces)} flushes of {a.flush:,}, built in {built:.1f} s; files in {directory}")
+
+    paths = {
+        "json": os.path.join(directory, "whole.json"),
+        "perfetto": os.path.join(directory, "whole.pftrace"),
+        "json stream": os.path.join(directory, "stream.json"),
+        "perfetto stream": os.path.join(directory, "stream.pftrace"),
+    }
+    jobs: dict[str, Callable[[], object]] = {
+        "json": lambda: chrome.write(trace, paths["json"], ordered=True),
+        "perfetto": lambda: perfetto.write(trace, paths["perfetto"], ordered=True),
+        "json stream": lambda: streamed(chrome.StreamWriter, paths["json stream"], pieces),
+        "perfetto stream": lambda: streamed(perfetto.StreamWriter, paths["perfetto stream"], pieces),
+        "json read": lambda: chrome.read(paths["json"]),
+        "perfetto read": lambda: perfetto.read(paths["perfetto"]),
+    }
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in jobs}
+    for r in range(a.repeats):
+        order = list(jobs) if r % 2 == 0 else list(jobs)[::-1][2:] + ["json read", "perfetto read"]
+        order = [k for k in order if not k.endswith("read")] + ["json read", "perfetto read"]
+        for name in order:
+            samples[name].append(timed(jobs[name]))
+            wall, cpu = samples[name][-1]
+            print(f"  round {r + 1}: {name:<16} {wall:6.2f} s wall {cpu:6.2f} s cpu", flush=True)
+
+    size = {k: os.path.getsize(p) for k, p in paths.items()}
+    size["json read"], size["perfetto read"] = size["json"], size["perfetto"]
+    assert len(perfetto.read(paths["perfetto stream"]).spans) == n
+    assert len(chrome.read(paths["json stream"]).spans) == n
+
+    def med(name: str, i: int) -> float:
+        return statistics.median(s[i] for s in samples[name])
+
+    print()
+    cols = ("", "wall s", "cpu s", "spans/s (cpu)", "vs json (cpu)", "bytes/span", "size vs json")
+    widths = (16, 7, 7, 13, 13, 10, 12)
+    print("| " + " | ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cols, widths))) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for name in jobs:
+        base = name.replace("perfetto", "json")
+        speed = n / med(name, 1)
+        ratio = med(base, 1) / med(name, 1)
+        print(
+            f"| {name:<16} | {med(name, 0):7.2f} | {med(name, 1):7.2f} | {speed:13,.0f} | {ratio:12.2f}x |"
+            f" {size[name] / n:10.1f} | {size[name] / size[base]:11.3f}x |"
+        )
+    print()
+    for kind in ("", " stream"):
+        smaller = size["json" + kind] / size["perfetto" + kind]
+        faster = med("json" + kind, 1) / med("perfetto" + kind, 1)
+        print(
+            f"perfetto{kind or ' whole'}: {smaller:.1f}x smaller than JSON (target >= 3x: {_met(smaller >= 3)}),"
+            f" writes at {faster:.2f}x JSON's speed (cpu time)"
+        )
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+if __name__ == "__main__":
+    main()
