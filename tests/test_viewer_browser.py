@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "h200x2-nccl"
 SLOW = {2: {3, 7, 8}}  # rank 2 is slow in steps 3, 7 and 8 of 12
 PROBE = "() => document.querySelector('[data-testid=heatmap]').probe"
+SLICES = "select count(*) as n from slice"
 
 why_not = perfetto_ui.available()
 if why_not:
@@ -113,7 +114,7 @@ def ui_frame(page: Any) -> Any:
         frames = [f for f in page.frames if "mode=embedded" in f.url]
         if frames:
             return frames[0]
-        time.sleep(0.1)
+        page.wait_for_timeout(100)  # lets Playwright take in the frame's events, unlike a sleep
     raise AssertionError("no Perfetto UI frame")
 
 
@@ -125,12 +126,19 @@ VISIBLE_JS = """() => {
 }"""
 
 
-def wait_visible(frame: Any, start_ns: float, end_ns: float, timeout_s: float = 90) -> list[float]:
+def wait_visible(frame: Any, start_ns: float, end_ns: float, bounds: tuple[int, int] | None = None) -> list[float]:
     """Wait until the Perfetto UI shows [start_ns, end_ns) of trace time as the viewer asks: the
-    range in the middle 80% of the visible window."""
+    range in the middle 80% of the visible window, which the UI fits within the loaded trace's
+    `bounds` (its first start and last end)."""
     d = end_ns - start_ns
     want = [start_ns - 0.1 * d, 1.2 * d]
-    deadline = time.monotonic() + timeout_s
+    if bounds is not None:
+        lo, hi = bounds
+        if want[1] >= hi - lo:
+            want = [lo, hi - lo]
+        else:
+            want[0] = min(max(want[0], lo), hi - want[1])
+    deadline = time.monotonic() + 90
     got = None
     while time.monotonic() < deadline:
         got = frame.evaluate(VISIBLE_JS)
@@ -138,6 +146,13 @@ def wait_visible(frame: Any, start_ns: float, end_ns: float, timeout_s: float = 
             return got
         time.sleep(0.2)
     raise AssertionError(f"the Perfetto UI shows {got}, not {want}")
+
+
+def loaded_bounds(page: Any, trace: Any) -> tuple[int, int]:
+    """The first start and last end (trace time) of the spans in the window the page loaded."""
+    lo, hi = map(int, page.get_attribute("[data-testid=timeline-view]", "data-loaded").split(","))
+    part = data.window(trace, BASE + lo, BASE + hi)
+    return min(part.spans.start) - BASE, max(part.spans.end) - BASE
 
 
 # ---- hand-built traces ---------------------------------------------------------------------------
@@ -223,8 +238,15 @@ def perfetto(where: str, tmp: Path) -> Iterator[server.UISource]:
 
 
 @pytest.mark.parametrize("where", ["dir", "url"])
-def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(browser: Any, tmp_path: Path, where: str) -> None:
+def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """With the UI served under /ui/, the whole trace; with the UI at a URL, a trace too large for
+    it (the limit lowered to 40 spans): windows of it, loaded as the clicks ask."""
     trace = make_trace(4, 12, SLOW)
+    whole = where == "dir"
+    if not whole:
+        monkeypatch.setattr(data, "TIMELINE_SPANS", 40)
     with perfetto(where, tmp_path) as ui, serving(trace, ui) as url:
         page = open_page(browser, url)
         try:
@@ -232,14 +254,31 @@ def test_a_click_moves_the_perfetto_ui_and_nothing_else_is_fetched(browser: Any,
             frame.wait_for_function("() => window.app && window.app.trace && window.app.trace.engine", timeout=90_000)
             click_cell(page, 2, 7)
             s, e = BASE + 7 * STEP, BASE + 7 * STEP + 16_002_000  # rank 2's step 7: 15 ms of work, 1 ms all-reduce
-            wait_visible(frame, s - BASE, e - BASE)
+            if whole:
+                wait_visible(frame, s - BASE, e - BASE)
+                assert frame.evaluate(perfetto_ui.QUERY_JS, SLICES)[0]["n"] == len(trace.spans)
+            else:
+                page.wait_for_selector("[data-testid=timeline-view][data-zoom]")
+                lo, hi = loaded_bounds(page, trace)
+                assert lo <= s - BASE and e - BASE <= hi
+                wait_visible(frame, s - BASE, e - BASE, (lo, hi))
+                assert (
+                    frame.evaluate(perfetto_ui.QUERY_JS, SLICES)[0]["n"]
+                    == data.spans_in(trace, BASE + lo, BASE + hi)
+                    <= 40
+                )
             assert "rank 2, step 7" in page.inner_text("[data-testid=timeline-status]")
             # The stats table's click: the slowest "compute" (rank 2, in a slow step).
             page.click("[data-testid=tab-stats]")
             page.locator("[data-testid=stats-row]", has_text="compute").click()
             k = min(SLOW[2])
-            wait_visible(frame, k * STEP, k * STEP + 15_002_000)
-            assert frame.evaluate(perfetto_ui.QUERY_JS, "select count(*) as n from slice")[0]["n"] == len(trace.spans)
+            if whole:
+                wait_visible(frame, k * STEP, k * STEP + 15_002_000)
+            else:
+                page.wait_for_selector(f"[data-testid=timeline-view][data-zoom='{k * STEP},{k * STEP + 15_002_000}']")
+                lo, hi = loaded_bounds(page, trace)
+                assert lo <= k * STEP and k * STEP + 15_002_000 <= hi
+                wait_visible(frame, k * STEP, k * STEP + 15_002_000, (lo, hi))
             origin = url.rstrip("/")
             mine = [u for u, main in page.requests if main]
             assert mine and all(u.startswith(origin + "/") for u in mine), mine

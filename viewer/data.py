@@ -353,9 +353,11 @@ def spans_in(trace: Trace, start_ns: int, end_ns: int) -> int:
     return sum(_meeting(trace, start_ns, end_ns))
 
 
-def fit_window(trace: Trace, start_ns: int, end_ns: int, limit: int = TIMELINE_SPANS) -> tuple[int, int]:
-    """[start_ns, end_ns) narrowed, keeping its start, until at most `limit` spans meet it (a click
-    on a whole-run span of a huge trace still gets a timeline the UI can load)."""
+def fit_window(trace: Trace, start_ns: int, end_ns: int, limit: int | None = None) -> tuple[int, int]:
+    """[start_ns, end_ns) narrowed, keeping its start, until at most `limit` (TIMELINE_SPANS) spans
+    meet it (a click on a whole-run span of a huge trace still gets a timeline the UI can load)."""
+    if limit is None:
+        limit = TIMELINE_SPANS
     starts = list(compress(trace.spans.start, _meeting(trace, start_ns, end_ns)))
     if len(starts) <= limit:
         return start_ns, end_ns
