@@ -1205,6 +1205,12 @@ def _worker_main() -> None:
         _release_memory()
 
 
+def _files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return expand([os.fspath(paths)])
+    return expand([os.fspath(p) for p in paths])
+
+
 def _workers(files: list[str], workers: int | None) -> int:
     """Worker processes for reading: only for inputs big enough that reading dominates (below
     that, starting the workers costs more than they save)."""
@@ -1265,7 +1271,7 @@ class _Tally:
 
 
 def load(
-    paths: Iterable[str] | str,
+    paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
     align: str = "clock",
     align_on: str | None = None,
     occurrence: int = 1,
@@ -1285,7 +1291,7 @@ def load(
     "base_ns" (the merged trace's first instant), and "selection" / "notes" when there are any.
     `workers`: processes that read files (None: several only for large inputs)."""
     sel = Selection.make(ranks, steps, window, step_name)
-    files = expand([paths] if isinstance(paths, str) else paths)
+    files = _files(paths)
     n_workers = _workers(files, workers)
     job = _prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=n_workers <= 1)
     out = Trace()
@@ -1299,8 +1305,8 @@ def load(
 
 
 def merge(
-    paths: Iterable[str] | str,
-    out: str,
+    paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+    out: str | os.PathLike[str],
     align: str = "clock",
     align_on: str | None = None,
     occurrence: int = 1,
@@ -1320,8 +1326,9 @@ def merge(
     metadata as written (rank keys as strings), plus notes found while writing. `fmt`: "json"
     or "perfetto" (default: by the extension of `out`)."""
     sel = Selection.make(ranks, steps, window, step_name)
+    out = os.fspath(out)
     kind = format_for_path(out, fmt)
-    files = expand([paths] if isinstance(paths, str) else paths)
+    files = _files(paths)
     if os.path.abspath(out) in {os.path.abspath(f) for f in files}:
         raise MergeError(f"{out} is one of the inputs; write the merged trace to another file")
     if kind == "perfetto":
