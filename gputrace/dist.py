@@ -60,7 +60,7 @@ class RankInfo:
     source: str  # "torch.distributed", "env" (RANK/WORLD_SIZE), "option", "single process"
 
 
-def _dist():  # type: ignore[no-untyped-def]
+def _dist() -> Any:
     torch = sys.modules.get("torch")  # never import torch just to ask
     if torch is None:
         return None
@@ -141,7 +141,7 @@ class ClockSync:
 _gloo_groups: dict[int, object] = {}
 
 
-def _gloo_group(dist, group):  # type: ignore[no-untyped-def]
+def _gloo_group(dist: Any, group: Any) -> Any:
     """A gloo group over the same ranks: NCCL cannot carry host timestamps without a device
     round trip, so the exchange always goes through gloo (a side group when the default is
     NCCL). Creating it is collective, which sync_clocks() already is."""
@@ -341,10 +341,10 @@ class CudaProbe:
         return self.torch.zeros(1, device=self.torch.device("cuda", self.dev))
 
     def sleep(self, cycles: int) -> None:
-        self.torch.cuda._sleep(cycles)
+        self.torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
 
     def event(self) -> Any:
-        ev = self.torch.cuda.Event(enable_timing=True)
+        ev = self.torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         ev.record(self.stream)
         return ev
 
@@ -375,6 +375,7 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
     from gputrace import record
 
     rec = record.ACTIVE
+    assert rec is not None and rec.device is not None  # _probe_device said so on every rank
     dev = rec.device.current_device()
     gpu = PROBE(dev)
     me, root = dist.get_rank(), ranks[0]
@@ -409,18 +410,19 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
     n = per_batch * len(batches)
     if me == root:
         return DeviceSync(host.at_ns, 0, 0, n, 0)
-    summaries = []
+    summaries: list[dict[str, Any]] = []
+    offsets, los, his = [], [], []
     for kind, theirs, ours in zip(_BATCHES, ref, batches):
         lo = max(s0 - e1 for (s0, _), (_, e1) in zip(theirs, ours))
         hi = min(e0 - s1 for (_, e0), (s1, _) in zip(theirs, ours))
         gaps = [e0 - e1 for (_, e0), (_, e1) in zip(theirs, ours)]
-        mid = int(statistics.median(gaps))
-        summaries.append(
-            {"anchor": kind, "offset_ns": min(max(mid, lo), hi), "lo_ns": lo, "hi_ns": hi, "end_gaps_ns": gaps}
-        )
-    offsets = [b["offset_ns"] for b in summaries]
+        offset = min(max(int(statistics.median(gaps)), lo), hi)
+        offsets.append(offset)
+        los.append(lo)
+        his.append(hi)
+        summaries.append({"anchor": kind, "offset_ns": offset, "lo_ns": lo, "hi_ns": hi, "end_gaps_ns": gaps})
     estimate = int(statistics.median(offsets))
-    error = max(max(estimate - b["lo_ns"], b["hi_ns"] - estimate) for b in summaries)
+    error = max(estimate - min(los), max(his) - estimate)
     spread = (max(offsets) - min(offsets) + 1) // 2
     return DeviceSync(host.at_ns, estimate, error, n, spread, batches=tuple(summaries))
 
