@@ -23,6 +23,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -233,6 +234,11 @@ class _NoopSpan:
     def end(self) -> None:
         return None
 
+
+# An automatic resolve (the pending list full) works in slices of this many spans until this much
+# time has passed (benchmarks/run.py measures the longest pause a span exit sees).
+AUTO_RESOLVE_SLICE = 1024
+AUTO_RESOLVE_BUDGET_NS = 3_000_000
 
 # RECORDER is None while recording is off; ACTIVE keeps the last recorder, so spans opened
 # before disable() still close and saving still works.
@@ -479,9 +485,19 @@ class Recorder:
             _hot.set_check_at(self.hot, n)  # takes effect where this state is installed
 
     def _pending_full(self) -> None:
-        self.flush(wait=False)
-        # Whatever the GPU has not finished stays; look again after another max_pending spans.
-        self._check_at = len(self.pending) + self.config.max_pending
+        # The oldest spans resolve in slices until a time budget is spent, so the span exit that
+        # finds the list full pauses the program for a few milliseconds, not for the whole list.
+        # At least one slice each time, so the list cannot outgrow max_pending by more than a
+        # slice or two while the GPU keeps up.
+        deadline = time.perf_counter_ns() + AUTO_RESOLVE_BUDGET_NS
+        while self.pending:
+            if not self.flush(wait=False, limit=AUTO_RESOLVE_SLICE):
+                break  # the GPU has not finished the oldest: nothing to gain now
+            if time.perf_counter_ns() >= deadline:
+                break
+        # While the list stays long, look again after a short while; else after max_pending.
+        over = len(self.pending) >= self.config.max_pending
+        self._check_at = len(self.pending) + (AUTO_RESOLVE_SLICE if over else self.config.max_pending)
 
     def _anchor(self, dev: int) -> None:
         pool = self.pools[dev]
@@ -498,15 +514,16 @@ class Recorder:
 
     # ---- flush and save -------------------------------------------------------------------
 
-    def flush(self, wait: bool = False) -> int:
-        """Resolve every span the GPU has finished (all of them with `wait`) into the store.
-        Without `wait` it never drains the GPU: it asks events, and anchors on a side stream."""
+    def flush(self, wait: bool = False, limit: int | None = None) -> int:
+        """Resolve every span the GPU has finished (all of them with `wait`) into the store;
+        with `limit`, only among the oldest `limit` pending spans. Without `wait` it never drains
+        the GPU: it asks events, and anchors on a side stream."""
         with self._lock:
             if wait and self.device is not None:
                 self.device.synchronize()
             # In place: the C hot path holds this list. Each step is one atomic list operation,
             # so a span another thread appends meanwhile stays for the next flush.
-            n = len(self.pending)
+            n = len(self.pending) if limit is None else min(limit, len(self.pending))
             pending = self.pending[:n]
             del self.pending[:n]
             done, waiting = _split_finished(pending) if not wait else (pending, [])
