@@ -438,6 +438,9 @@ def test_stream_header_updates_and_resume(tmp_path: Path) -> None:
     stream(path, FLUSHES[:3], cut_after=2)
     got = perfetto.read(str(path))  # killed: no final header, the streamed updates count
     assert got.metadata["clock"]["sync_to_rank0"] == [{"flush": 1}, {"flush": 2}]
+    header = perfetto.read_header(str(path))
+    assert header["metadata"] == {k: v for k, v in got.metadata.items() if k not in ("base_ns", "world_size")}
+    assert header["baseTimeNanoseconds"] == BASE and header["distributedInfo"] == {"rank": 1, "world_size": 2}
     header = {"distributedInfo": {"rank": 0}, "metadata": {"run_id": "x"}}
     w = perfetto.StreamWriter(str(path), BASE, Process(1, 0, "rank 0", 0), header)
     t = Trace()
@@ -453,6 +456,7 @@ def test_stream_header_updates_and_resume(tmp_path: Path) -> None:
     got = perfetto.read(str(path))
     assert sorted(zip(got.spans.start, got.spans.end)) == [(BASE + 5, BASE + 30), (BASE + 10, BASE + 20)]
     assert got.metadata == {"run_id": "x", "spans": 1, "base_ns": BASE}
+    assert perfetto.read_header(str(path))["metadata"] == {"run_id": "x", "spans": 1}
     assert w.spans_written == 2
 
 

@@ -650,8 +650,8 @@ class StreamWriter:
         """Append spans `rows` and counter samples `counters` of `trace` (one process, index 0),
         and, if given, a header update (new metadata), in one write."""
         out: list[bytes] = []
-        if update:
-            out.append(_serialize([_metadata_packet(UPDATE, update)]))
+        # The update goes before the compressed packets, uncompressed: `read_header` finds it.
+        head = _serialize([_metadata_packet(UPDATE, update)]) if update else b""
         if rows:
             sp = trace.spans
             tracks = [sp.track[i] for i in rows]
@@ -664,8 +664,8 @@ class StreamWriter:
                 self._enc.spans(trace, self.writer, t, k, g, cats, out)
         if counters:
             self._enc.counters(trace, counters, {i: self.pid for i in range(len(trace.processes))}, out)
-        if out:
-            self._write(_compressed(out))
+        if out or head:
+            self._write(head + (_compressed(out) if out else b""))
         self.spans_written += len(rows)
 
     def finish(self, header: dict[str, Any] | None = None) -> None:
@@ -705,6 +705,20 @@ def read(path: str, data: bytes | None = None) -> Trace:
     if not data:
         raise TraceFormatError(path, "empty file")
     return _Reader(path).build(_parse(path, data))
+
+
+def read_header(path: str) -> dict[str, Any]:
+    """The header of a trace (baseTimeNanoseconds, distributedInfo, metadata, processes) as the
+    last one written with the updates after it, without inflating or reading its events: gputrace
+    writes headers as uncompressed packets between the compressed ones."""
+    reader = _Reader(path)
+    data = read_bytes(path)
+    if not data:
+        raise TraceFormatError(path, "empty file")
+    for p in _parse(path, data).packet:
+        if p.HasField("chrome_events"):
+            reader._metadata(p.chrome_events)
+    return reader.header
 
 
 def _parse(path: str, data: bytes) -> pb.Trace:
@@ -785,25 +799,28 @@ class _Reader:
         return self._trace()
 
     def _packets(self, packets: Any) -> None:
-        seqs, open_ = self.seqs, self.open
+        seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
         for p in packets:
             sid = p.trusted_packet_sequence_id
             st = seqs.get(sid)
             if st is None:
                 st = seqs[sid] = _Seq()
-            if p.sequence_flags & _CLEARED or p.incremental_state_cleared:
+            kind = p.WhichOneof("data")
+            flags = p.sequence_flags
+            if flags & _CLEARED or (not flags and p.incremental_state_cleared):
                 st.names, st.keys, st.cats = {}, {}, {}
-            if p.HasField("trace_packet_defaults"):
+            # Defaults come with a cleared state or on a packet of their own (an event packet that
+            # carries them is taken too, at the cost of a check per event only there).
+            if (flags & _CLEARED or kind != "track_event") and p.HasField("trace_packet_defaults"):
                 dflt = p.trace_packet_defaults
                 st.clock = dflt.timestamp_clock_id
                 st.track = dflt.track_event_defaults.track_uuid
             if p.HasField("interned_data"):
                 self._intern(st, p.interned_data)
-            kind = p.WhichOneof("data")
             if kind == "track_event":
                 te = p.track_event
-                clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else st.clock
-                if clock and (sid, clock) in self.incremental:
+                clock = p.timestamp_clock_id or st.clock
+                if clock and (sid, clock) in incremental:
                     st.value += p.timestamp
                     ts = st.value + st.offset
                 else:
@@ -812,18 +829,25 @@ class _Reader:
                 t = te.type
                 if t == _BEGIN:
                     name = st.names.get(te.name_iid, "") if te.name_iid else te.name
-                    a = {_key(st, d): _value(d) for d in te.debug_annotations} if len(te.debug_annotations) else None
-                    cat = None
-                    if len(te.category_iids):
+                    a = cat = None
+                    if te.debug_annotations:
+                        a = {_key(st, d): _value(d) for d in te.debug_annotations}
+                    if te.category_iids:
                         cat = ",".join(st.cats.get(i, "") for i in te.category_iids)
-                    elif len(te.categories):
+                    elif te.categories:
                         cat = ",".join(te.categories)
-                    open_.setdefault(uuid, []).append((name, ts, a, cat))
+                    stack = open_.get(uuid)
+                    if stack is None:
+                        stack = open_[uuid] = []
+                    stack.append((name, ts, a, cat))
                 elif t == _END:
                     stack = open_.get(uuid)
                     if stack:
                         name, t0, a, cat = stack.pop()
-                        self.spans.setdefault(uuid, []).append((name, t0, ts, a, cat))
+                        done = spans.get(uuid)
+                        if done is None:
+                            done = spans[uuid] = []
+                        done.append((name, t0, ts, a, cat))
                 elif t == _COUNTER:
                     v = te.double_counter_value if te.HasField("double_counter_value") else te.counter_value
                     self.samples.setdefault(uuid, []).append((ts, float(v)))
@@ -932,8 +956,16 @@ class _Reader:
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"track {uuid}"))
-            for name, t0, t1, a, cat in lst:
-                spans.append(intern(name), t, base + t0, base + t1, a, cat)
+            names, t0s, t1s, args, cats = zip(*lst)
+            ids = {n: intern(n) for n in set(names)}
+            spans.extend(
+                [ids[n] for n in names],
+                [t] * len(lst),
+                [base + t0 for t0 in t0s],
+                [base + t1 for t1 in t1s],
+                args,
+                cats,
+            )
         counters = trace.counters
         for uuid, samples in self.samples.items():
             t = track_of.get(uuid)
