@@ -495,9 +495,9 @@ class Recorder:
                 break  # the GPU has not finished the oldest: nothing to gain now
             if time.perf_counter_ns() >= deadline:
                 break
-        # While the list stays long, look again after a short while; else after max_pending.
-        over = len(self.pending) >= self.config.max_pending
-        self._check_at = len(self.pending) + (AUTO_RESOLVE_SLICE if over else self.config.max_pending)
+        # Look again after another slice of new spans (each look resolves at least a slice), and
+        # once the list is short, when it is full again.
+        self._check_at = max(len(self.pending) + AUTO_RESOLVE_SLICE, self.config.max_pending)
 
     def _anchor(self, dev: int) -> None:
         pool = self.pools[dev]
