@@ -106,14 +106,24 @@ def _summary_text(
     skip_steps: int = 0,
     allow_mixed: bool = False,
     by_rank: bool = False,
+    full: bool = False,
+    ranks: str | None = None,
+    steps: str | None = None,
 ) -> str:
     import orjson
 
-    from gputrace import stats
-    from gputrace.merge import load
+    from gputrace import digest, stats
+    from gputrace.merge import parse_ranks, parse_steps
 
-    trace = load(paths, allow_mixed=allow_mixed)
-    result = stats.summarize(trace, step or "step", skip_steps, require_step=step is not None)
+    result = digest.summary_of_files(
+        paths,
+        step,
+        skip_steps,
+        allow_mixed=allow_mixed,
+        full=full,
+        ranks=parse_ranks(ranks) if ranks else None,
+        steps=parse_steps(steps) if steps else None,
+    )
     if as_json:
         return orjson.dumps(stats.to_json(result)).decode()
     return stats.table(result, by_rank=by_rank)
@@ -126,14 +136,27 @@ def _summary_text(
 @click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
 @click.option("--allow-mixed", is_flag=True, help="summarize files of different runs or world sizes together")
 @click.option("--by-rank", is_flag=True, help="a table per rank too, and every rank in the per-rank table")
+@click.option("--full", is_flag=True, help="read the whole traces even where the ranks wrote step digests")
+@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, from their full traces, e.g. 0-3,7")
+@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), from the full traces")
 @_guard
 def summary(
-    paths: tuple[str, ...], as_json: bool, step: str | None, skip_steps: int, allow_mixed: bool, by_rank: bool
+    paths: tuple[str, ...],
+    as_json: bool,
+    step: str | None,
+    skip_steps: int,
+    allow_mixed: bool,
+    by_rank: bool,
+    full: bool,
+    ranks: str | None,
+    steps: str | None,
 ) -> None:
     """Per-span statistics of per-rank traces or a merged one: totals, percentiles, the
     imbalance between ranks, the slowest rank of each step (when beyond the noise) and who
-    waited for whom in each collective."""
-    click.echo(_summary_text(list(paths), as_json, step, skip_steps, allow_mixed, by_rank))
+    waited for whom in each collective. Where every rank wrote a step digest beside its trace
+    (or the ranks are many) the digests are read instead of the traces; the first note says
+    which were read."""
+    click.echo(_summary_text(list(paths), as_json, step, skip_steps, allow_mixed, by_rank, full, ranks, steps))
 
 
 @main.command()

@@ -50,6 +50,10 @@ class Config:
             "help": "an id every rank of one job shares (default: the launcher's job id, else rank 0's at sync_clocks)"
         },
     )
+    step_name: str = dataclasses.field(
+        default="step",
+        metadata={"help": "the span that marks one training step, for the step digest written beside the trace"},
+    )
     rank: int | None = dataclasses.field(
         default=None,
         metadata={"help": "rank of this process, when neither torch.distributed nor RANK gives it"},

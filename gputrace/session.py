@@ -27,7 +27,7 @@ import uuid
 import warnings
 from typing import Any
 
-from gputrace import record
+from gputrace import digest, record
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.dist import ClockSync, rank_info
@@ -313,6 +313,7 @@ class Session:
         if self._header_changed(stream):
             update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
         stream.append(trace, range(len(store)), range(len(trace.counters)), update)
+        digest.feed(stream, trace, self.config.step_name)
         stream.counts = (store.dropped, rec.skipped_in_capture)
         store.clear()
         self.counters = CounterColumns()
@@ -340,10 +341,12 @@ class Session:
         trace = self.rank_trace(rec, snapshot)
         _clamp_to_base(trace, stream.base_ns)
         stream.append(trace, range(len(snapshot)), ())
+        digest.feed(stream, trace, self.config.step_name)
         header = self._header(rec, rec.store, len(snapshot))
         header["metadata"]["spans"] = stream.spans_written
         header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
         stream.finish(header)
+        digest.write_for_stream(stream, header)
         return str(stream.path)
 
     def save(self, path: str | os.PathLike[str] | None = None, format: str | None = None) -> str:
@@ -374,6 +377,7 @@ class Session:
                 target = os.path.join(target, f"trace_rank{rank}{ext}")
             trace = self.snapshot(rec)
             write_trace(trace, target, fmt or format_for_path(target))
+            digest.write_for_trace(trace, target, self.config.step_name)
             self.saved = True
             return target
 

@@ -222,7 +222,7 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
     if foreign:
         notes.append(f"{foreign:,} spans of processes that are not gputrace ranks (other tools') are left out")
     if sum(unfinished):
-        notes.append(f"{sum(unfinished):,} unfinished spans (open when the trace was written) are left out and counted")
+        notes.append(unfinished_note(sum(unfinished)))
 
     start, end = sp.start, sp.end
 
@@ -260,10 +260,7 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
                     groups[k] = kept
                 else:
                     del groups[k]
-        notes.append(
-            f"the first {skip_steps} {step!r} steps of every rank, and what it did before them, are left out "
-            f"({sum(warmup):,} spans)"
-        )
+        notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
     dur = list(map(sub, end, start))
     by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end)
@@ -321,6 +318,18 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
     if dropped:
         notes.append(f"{dropped:,} spans were dropped by the recorder (its span limit) and are not in the trace")
     return Summary(ranks, all_rows, by_rank, steps, collectives, counts, notes)
+
+
+def unfinished_note(n: int) -> str:
+    """The note on `n` unfinished spans (also said of summaries made from digests)."""
+    return f"{n:,} unfinished spans (open when the trace was written) are left out and counted"
+
+
+def warmup_note(skip_steps: int, step: str, n: int) -> str:
+    """The note on the warm-up left out: `n` spans in or before the first `skip_steps` steps."""
+    return (
+        f"the first {skip_steps} {step!r} steps of every rank, and what it did before them, are left out ({n:,} spans)"
+    )
 
 
 def _int_or_none(v: Any) -> int | None:
