@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -32,7 +33,10 @@ from gputrace.trace import chrome, perfetto  # noqa: E402
 from gputrace.trace.model import Process, Trace, Track  # noqa: E402
 
 BASE = 1_764_000_000_000_000_000
-HEADER = {"distributedInfo": {"rank": 0, "world_size": 8}, "metadata": {"gputrace_version": "bench", "run_id": "b"}}
+HEADER: dict[str, Any] = {
+    "distributedInfo": {"rank": 0, "world_size": 8},
+    "metadata": {"gputrace_version": "bench", "run_id": "b"},
+}
 
 
 def rank_trace(spans: int, seed: int = 0) -> Trace:

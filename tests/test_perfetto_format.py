@@ -162,7 +162,7 @@ def proto_import(data: bytes) -> list[tuple[Any, ...]]:
             te = p.track_event
             events.append((clock[seq], i, track[seq], te.type, names.get(seq, {}).get(te.name_iid)))
     events.sort(key=lambda e: (e[0], e[1]))
-    stacks: dict[int, list[tuple[int, str]]] = {}
+    stacks: dict[int, list[tuple[int, str | None]]] = {}
     out = []
     for ts, _, uuid, kind, name in events:
         st = stacks.setdefault(uuid, [])
@@ -210,6 +210,10 @@ def spans_of(trace: Trace) -> list[tuple[Any, ...]]:
         a = orjson.dumps(s.args[i], option=orjson.OPT_SORT_KEYS, default=repr) if s.args[i] else None
         out.append((p.label, t.name, trace.names[s.name[i]], s.start[i], s.end[i], a, s.cat[i]))
     return sorted(out, key=repr)
+
+
+def triples(t: Trace) -> list[tuple[str, int, int]]:
+    return sorted((t.names[n], s, e) for n, s, e in zip(t.spans.name, t.spans.start, t.spans.end))
 
 
 def counters_of(trace: Trace) -> list[tuple[Any, ...]]:
@@ -354,7 +358,10 @@ def test_bad_files_and_spans_are_clear_errors(tmp_path: Path) -> None:
 def stream(path: Path, flushes: list[list[tuple[str, int, int, int]]], cut_after: int | None = None) -> Trace:
     """Write `flushes` (name, track 0/1, start, end, ns after BASE) through a StreamWriter the way
     the session does (a new trace per flush over one growing name table); returns all spans."""
-    header = {"distributedInfo": {"rank": 1, "world_size": 2}, "metadata": {"gputrace_version": "t", "run_id": "r"}}
+    header: dict[str, Any] = {
+        "distributedInfo": {"rank": 1, "world_size": 2},
+        "metadata": {"gputrace_version": "t", "run_id": "r"},
+    }
     proc = Process(2, 1, "rank 1", 1)
     w = perfetto.StreamWriter(str(path), BASE, proc, header)
     names = Trace()
@@ -394,14 +401,15 @@ def test_stream_reads_back_every_span_flush_by_flush(tmp_path: Path) -> None:
     path = tmp_path / "trace_rank1.pftrace"
     everything = stream(path, FLUSHES)
     got = perfetto.read(str(path))
-    key = lambda t: sorted((t.names[n], s, e) for n, s, e in zip(t.spans.name, t.spans.start, t.spans.end))  # noqa: E731
-    assert key(got) == key(everything)
+    assert triples(got) == triples(everything)
     assert [p.rank for p in got.processes] == [1] and got.metadata["spans"] == 14
     assert got.metadata["run_id"] == "r" and got.metadata["world_size"] == 2
     assert len(got.counters) == 4
     # Perfetto makes every span the slice it is: nothing closed by another span's end.
     slices = proto_import(path.read_bytes())
-    assert sorted((n, ts, dur) for *_, ts, dur, _, n in slices) == sorted((n, s - BASE, e - s) for n, s, e in key(got))
+    assert sorted((n, ts, dur) for *_, ts, dur, _, n in slices) == sorted(
+        (n, s - BASE, e - s) for n, s, e in triples(got)
+    )
     # "step" [0, 1000) starts where "fwd" of the first flush starts: it would open inside it.
     assert ("cuda:0 default stream (overflow 1)", "step", 0) in {(th, n, ts) for _, th, ts, _, _, n in slices}
 
@@ -465,7 +473,7 @@ def test_stream_cut_at_any_byte_reads_the_spans_before_the_cut(tmp_path: Path) -
     stream(path, FLUSHES)
     data = path.read_bytes()
     whole = {(n, s, e) for n, _, s, e, _ in perfetto.read(str(path)).iter_spans()}
-    counts = []
+    counts: list[int] = []
     for cut in range(len(data) + 1):
         try:
             got = perfetto.read("cut", data[:cut])

@@ -197,7 +197,8 @@ def _extra_json(trace: Trace, pid_of: dict[int, int], lo: int, hi: int) -> list[
 
 
 def _serialize(packets: list[pb.TracePacket]) -> bytes:
-    return pb.Trace(packet=packets).SerializeToString()
+    data: bytes = pb.Trace(packet=packets).SerializeToString()
+    return data
 
 
 def _metadata_packet(name: str, value: Any) -> pb.TracePacket:
@@ -376,7 +377,7 @@ class _Encoder:
         else:
             A = [args_col[r] for r in rows]
         reset = lane.last is None or S[0] < lane.last
-        prev = 0 if reset else lane.last
+        prev = 0 if reset or lane.last is None else lane.last
         end_t = lane.end
         parts: list[bytes] = []
         deltas: list[int] = []
@@ -900,8 +901,8 @@ class _Reader:
 
     def _trace(self) -> Trace:
         header = self.header
-        meta = header.get("metadata") if isinstance(header.get("metadata"), dict) else {}
-        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+        meta: dict[str, Any] = header["metadata"] if isinstance(header.get("metadata"), dict) else {}
+        info: dict[str, Any] = header["distributedInfo"] if isinstance(header.get("distributedInfo"), dict) else {}
         base = header.get("baseTimeNanoseconds", 0)
         if isinstance(base, bool) or not isinstance(base, int):
             raise TraceFormatError(self.path, "baseTimeNanoseconds is not an integer")
@@ -910,8 +911,10 @@ class _Reader:
         if "world_size" in info:
             trace.metadata.setdefault("world_size", info["world_size"])
         merged = bool(meta.get("merged"))
-        rank_meta = meta.get("rank_metadata") if merged and isinstance(meta.get("rank_metadata"), dict) else {}
-        facts = header.get("processes") if isinstance(header.get("processes"), dict) else {}
+        rank_meta: dict[str, Any] = (
+            meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
+        )
+        facts: dict[str, Any] = header["processes"] if isinstance(header.get("processes"), dict) else {}
 
         proc_index: dict[int, int] = {}
 
@@ -949,8 +952,8 @@ class _Reader:
                 parent = self.descriptors.get(d.parent_uuid)
                 pid = parent.process.pid if parent is not None and parent.HasField("process") else 0
                 m = _CUDA_TRACK.match(d.name)
-                t = Track(process_of(pid), d.name, d.name, "counter", int(m.group(1)) if m else None)
-                track_of[uuid] = trace.add_track(t)
+                track = Track(process_of(pid), d.name, d.name, "counter", int(m.group(1)) if m else None)
+                track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
         for uuid, lst in self.spans.items():
             t = track_of.get(uuid)
