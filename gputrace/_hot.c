@@ -399,8 +399,12 @@ static PyObject *Span_exit(Span *self, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyObject *Span_end(Span *self, PyObject *unused) {
     if (!self->stack) {
-        if (g_recording) return PyObject_CallFunctionObjArgs(g_state->close_by_name, (PyObject *)self, NULL);
-        Py_RETURN_NONE;
+        if (!g_recording) Py_RETURN_NONE;
+        State *st = g_state; /* held for the call, as in open_installed */
+        Py_INCREF(st);
+        PyObject *r = PyObject_CallFunctionObjArgs(st->close_by_name, (PyObject *)self, NULL);
+        Py_DECREF(st);
+        return r;
     }
     return Span_exit(self, NULL, 0);
 }
