@@ -502,7 +502,7 @@ class Recorder:
     def _anchor(self, dev: int) -> None:
         pool = self.pools[dev]
         anchor = take_anchor(
-            lambda: pool.pop() if pool else self._new_event(),
+            lambda: _pop_or(pool, self._new_event),
             self._record,
             self.device.side_stream(dev),
             self.clock,
@@ -811,3 +811,11 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _pop_or(pool: list[Any], make: Callable[[], Any]) -> Any:
+    """An event from the pool, or a new one (no check-then-pop: another thread may take the last)."""
+    try:
+        return pool.pop()
+    except IndexError:
+        return make()
