@@ -106,7 +106,8 @@ def main() -> None:
     body, t_first = timed(lambda: urllib.request.urlopen(f"{url}trace.json?start={lo}&end={hi}").read())
     rows.append(("the timeline's first window (server)", t_first, f"{len(body) / 1e6:.2f} MB"))
     mid = doc["steps"]["start"][args.ranks // 2][args.steps // 2]
-    body, t_win = timed(lambda: urllib.request.urlopen(f"{url}trace.json?start={mid - 2_000_000}&end={mid + 4_000_000}").read())
+    click = f"{url}trace.json?start={mid - 2_000_000}&end={mid + 4_000_000}"
+    body, t_win = timed(lambda: urllib.request.urlopen(click).read())
     rows.append(("a click's timeline window (server)", t_win, f"{len(body) / 1e6:.2f} MB"))
 
     from playwright.sync_api import sync_playwright
@@ -152,13 +153,15 @@ def main() -> None:
     httpd.server_close()
 
     ready = statistics.median(loads)
-    print(f"gputrace view, {args.ranks} ranks x {args.steps:,} steps ({len(trace.spans):,} spans), {os.cpu_count()} cores")
+    size = f"{args.ranks} ranks x {args.steps:,} steps ({len(trace.spans):,} spans)"
+    print(f"gputrace view, {size}, {os.cpu_count()} cores")
     print(f"{'stage':<52} {'seconds':>8}  note")
     for name, secs, note in rows:
         print(f"{name:<52} {secs:>8.3f}  {note}")
     print(f"{'page: JS heap after the above':<52} {heap / 1e6:>7.0f}M")
     serve = t_load + t_doc + t_enc
-    print(f"\nbefore serving: {serve:.1f} s ({t_load / serve:.0%} load, {t_doc / serve:.0%} document, {t_enc / serve:.0%} encode)")
+    shares = f"{t_load / serve:.0%} load, {t_doc / serve:.0%} document, {t_enc / serve:.0%} encode"
+    print(f"\nbefore serving: {serve:.1f} s ({shares})")
     print(f"page interactive: {ready:.2f} s = {ready / 5:.2f} of the 5 s target")
     assert orjson.loads(viewer.document)["steps"]["count"] == args.steps
 

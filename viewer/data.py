@@ -275,8 +275,8 @@ def _alignment(trace: Trace, ranks: list[int]) -> dict[str, Any] | None:
     al = trace.metadata.get("alignment")
     if not isinstance(al, dict):
         return None
-    per = al.get("per_rank") if isinstance(al.get("per_rank"), dict) else {}
-    out = []
+    per: dict[Any, Any] = al["per_rank"] if isinstance(al.get("per_rank"), dict) else {}
+    out: list[dict[str, Any] | None] = []
     for r in ranks:
         a = per.get(str(r), per.get(r))
         if isinstance(a, dict):

@@ -179,7 +179,7 @@ class Viewer:
 
     def serve(self, port: int = 0) -> http.server.ThreadingHTTPServer:
         """A server on 127.0.0.1 (port 0: a free one), not yet serving: call serve_forever()."""
-        handler = type("Handler", (_Handler,), {"viewer": self})
+        handler: type[_Handler] = type("Handler", (_Handler,), {"viewer": self})
         try:
             server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         except OSError as e:
@@ -211,7 +211,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _refuse(self) -> None:
         self._send(405, b"only GET and HEAD\n", "text/plain; charset=utf-8", head=False, extra={"Allow": "GET, HEAD"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # type: ignore[assignment]
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
     def _route(self, head: bool) -> None:
         host = self.headers.get("Host", "")
