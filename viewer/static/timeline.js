@@ -1,12 +1,16 @@
 // The timeline: the Perfetto UI in an iframe, given the trace by postMessage (its embedding API:
 // PING until PONG, then the trace as an ArrayBuffer) and moved by the other views (a posted
-// time range, in seconds of trace time: the trace's ts, which count from the document's base).
+// time range, in seconds of trace time). Perfetto's JSON importer ignores baseTimeNanoseconds:
+// its trace time is the events' ts (us) x 1000 ns, and the server writes ts from the document's
+// base, so a time of the document (ns from that base) / 1e9 is the UI's time in seconds.
 // A trace too large for the UI arrives as a time window around what the user asked to see.
 
 import { el, fmtCount, fmtNs } from "./util.js";
 
 const PONG_TIMEOUT_MS = 20000;
-const VIEW_SHARE = 0.8; // the asked range fills this share of the visible window
+// The asked range fills this share of the visible window. Without it the UI shows five times the
+// range (twice its length padded on each side) or only centres it, so a step would look tiny.
+const VIEW_SHARE = 0.8;
 
 export function render(doc, element, bus) {
   element.replaceChildren();
