@@ -1050,54 +1050,92 @@ def _read_and_keep(s: Source) -> Trace:
     return s.trace
 
 
-def _run_group(group: list[Source], ctx: Context, out: Trace | None, base_ns: int | None) -> tuple[Any, list[Taken]]:
-    """One rank's files (its own, then other tools' of it) read, mapped and selected into `out`
-    (a new trace when None), and with `base_ns` encoded as Chrome event lines."""
+def _run_batch(
+    groups: list[list[Source]], ctx: Context, out: Trace | None, base_ns: int | None
+) -> tuple[Any, list[Taken]]:
+    """Groups of files (a rank's own, then other tools' of it) read, mapped and selected into
+    `out` (a new trace when None); with `base_ns`, encoded as Chrome event lines group by group
+    instead (so memory holds one group's trace at a time)."""
     part = Trace() if out is None else out
-    windows: dict[int, tuple[int, int] | None] = {}
-    results = []
+    chunks: list[bytes] = []
+    results: list[Taken] = []
+    for group in groups:
+        windows: dict[int, tuple[int, int] | None] = {}  # a rank's step windows, for its other files
+        taken = []
+        for s in group:
+            trace = _read_source(s)
+            s.trace = None
+            taken.append(take(part, s, trace, ctx, windows))
+            del trace
+        results += taken
+        if base_ns is not None:
+            chunks.append(encode_part(part, base_ns, {p for r in taken for p in r.nested}))
+            part = Trace()
+    return (b"".join(chunks) if base_ns is not None else part), results
+
+
+#: A worker's task holds whole ranks adding up to at least this much input (many small ranks
+#: in one task: each task costs a few ms of pickling and bookkeeping).
+BATCH_BYTES = 8 << 20
+#: Freed memory is handed back to the OS after about this much input (not after every small rank:
+#: a collection costs milliseconds).
+RELEASE_BYTES = 32 << 20
+
+
+def _group_bytes(group: list[Source]) -> int:
+    total = 0
     for s in group:
-        trace = _read_source(s)
-        s.trace = None
-        results.append(take(part, s, trace, ctx, windows))
-        del trace
-    if base_ns is not None:
-        return encode_part(part, base_ns, {p for r in results for p in r.nested}), results
-    return part, results
+        try:
+            total += os.path.getsize(s.path)
+        except OSError:
+            pass
+    return total
 
 
 def _run_groups(
     job: _Job, out: Trace | None, base_ns: int | None, workers: int, progress: Progress | None
 ) -> Iterable[tuple[Any, list[Taken]]]:
     """Each group's result in order: here, or in `workers` processes (each reads and converts
-    whole ranks; at most a few results wait in memory)."""
+    whole ranks, several small ones to a task; at most a few results wait in memory)."""
     groups = job.groups
+    sizes = [_group_bytes(g) for g in groups]
     if workers <= 1 or len(groups) < 2:
+        since = 0
         for i, g in enumerate(groups):
             if progress:
                 progress(_group_label(g), i, len(groups))
-            yield _run_group(g, job.context, out, base_ns)
-            if base_ns is not None:
+            yield _run_batch([g], job.context, out, base_ns)
+            since += sizes[i]
+            if base_ns is not None and since >= RELEASE_BYTES:
                 _release_memory()
+                since = 0
         return
     for g in groups:
         for s in g:
             s.trace = None  # each worker reads its own files
+    batches: list[list[int]] = [[]]
+    size = 0
+    for i in range(len(groups)):
+        if batches[-1] and size >= BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(i)
+        size += sizes[i]
     with _Pool(workers) as pool:
         ahead = 2 * workers
         sent = 0
-        for i in range(len(groups)):
-            while sent < len(groups) and sent < i + ahead:
-                g = groups[sent]
-                pool.send(sent, (g, job.context.for_group(g), base_ns))
+        for k, batch in enumerate(batches):
+            while sent < len(batches) and sent < k + ahead:
+                gs = [groups[i] for i in batches[sent]]
+                pool.send(sent, (gs, job.context.for_group([s for g in gs for s in g]), base_ns))
                 sent += 1
             if progress:
-                progress(_group_label(groups[i]), i, len(groups))
-            yield pool.receive(i)
+                progress(_group_label(groups[batch[0]]), batch[0], len(groups))
+            yield pool.receive(k)
 
 
 class _Pool:
-    """Worker processes that each run `_run_group` on the groups sent to them, in order. They are
+    """Worker processes that each run `_run_batch` on the tasks sent to them, in order. They are
     fresh interpreters (`python -c`), not forks: a fork of a process with threads (a viewer, a
     training script) can hang, and multiprocessing's spawn would re-run the caller's script."""
 
@@ -1191,18 +1229,18 @@ def _worker_main() -> None:
     sys.stdout = sys.stderr  # nothing else may write into the result stream
     while True:
         try:
-            group, ctx, base_ns = _get(src)
+            groups, ctx, base_ns = _get(src)
         except GputraceError:
             return  # the parent closed the pipe: no more work
         try:
-            _put(dst, ("ok", _run_group(group, ctx, None, base_ns)))
+            _put(dst, ("ok", _run_batch(groups, ctx, None, base_ns)))
         except TraceFormatError as e:
             _put(dst, ("error", ("TraceFormatError", str(e), f"{e.path}\0{e.reason}")))
         except GputraceError as e:
             _put(dst, ("error", (type(e).__name__ if isinstance(e, MergeError) else "GputraceError", str(e), "")))
         except Exception:
             _put(dst, ("error", ("", "", traceback.format_exc())))
-        _release_memory()
+        _release_memory()  # once per task: a task holds several MB of input
 
 
 def _files(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[str]:
