@@ -491,13 +491,14 @@ class Recorder:
         # slice or two while the GPU keeps up.
         deadline = time.perf_counter_ns() + AUTO_RESOLVE_BUDGET_NS
         while self.pending:
-            if not self.flush(wait=False, limit=AUTO_RESOLVE_SLICE):
+            if not self.flush(wait=False, limit=max(AUTO_RESOLVE_SLICE, self.config.max_pending)):
                 break  # the GPU has not finished the oldest: nothing to gain now
             if time.perf_counter_ns() >= deadline:
                 break
         # Look again after another slice of new spans (each look resolves at least a slice), and
         # once the list is short, when it is full again.
-        self._check_at = max(len(self.pending) + AUTO_RESOLVE_SLICE, self.config.max_pending)
+        slice_ = min(AUTO_RESOLVE_SLICE, self.config.max_pending)
+        self._check_at = max(len(self.pending) + slice_, self.config.max_pending)
 
     def _anchor(self, dev: int) -> None:
         pool = self.pools[dev]

@@ -108,3 +108,12 @@ def spans_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
 def run_py(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def read_json(path: Any) -> dict[str, Any]:
+    """A Chrome trace file as the dict it holds (the object form; tests that read other forms
+    use the trace model's reader)."""
+    import orjson
+
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())  # type: ignore[no-any-return]

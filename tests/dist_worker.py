@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import gputrace
-from gputrace import api
+from gputrace import session as api
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.record import Recorder

@@ -22,7 +22,7 @@ def test_demo_as_a_real_subprocess(tmp_path) -> None:  # type: ignore[no-untyped
     )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "forward" in r.stdout
-    from gputrace.traceio import read_trace
+    from .conftest import read_json as read_trace
 
     trace = read_trace(str(out / "trace_rank0.json"))
     names = [e["name"] for e in spans_of(trace)]

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from gputrace import merge as merge_mod
 from gputrace.cli import main
 from gputrace.demo import free_port, rank_environment
-from gputrace.traceio import read_trace
 
+from .conftest import read_json as read_trace
 from .conftest import spans_of
 
 pytestmark = pytest.mark.dist

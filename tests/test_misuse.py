@@ -152,7 +152,7 @@ def test_names_and_args_json_cannot_hold(tmp_path) -> None:  # type: ignore[no-u
         with gputrace.span(w, value=w, nan=float("nan"), inf=float("-inf"), obj=object(), nested={"k": [1, None, w]}):
             pass
     path = gputrace.save(tmp_path)
-    from gputrace.traceio import read_trace
+    from .conftest import read_json as read_trace
 
     spans = check(read_trace(path))
     assert len(spans) == len(weird)
