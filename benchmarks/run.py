@@ -237,6 +237,155 @@ def bench_cuda_span(quick: bool) -> None:
     reset()
 
 
+# ---- the whole cost of a span: enter/exit, the flush each step, the save ----------------------------
+
+
+def _whole_host(steps: int, per: int, directory: str) -> dict[str, float]:
+    """Seconds for `steps` x `per` host spans, each way, one after the other."""
+    pc = time.perf_counter_ns
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(per):
+            pass
+    out["bare"] = time.perf_counter() - t
+    lst: list[tuple[int, int]] = []
+    t = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(per):
+            a = pc()
+            b = pc()
+            lst.append((a, b))
+    out["floor"] = time.perf_counter() - t
+    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, "s")})):
+        reset()
+        gputrace.enable(cuda=False, **options)
+        span, flush = gputrace.span, gputrace.flush
+        t = time.perf_counter()
+        for _ in range(steps):
+            for _ in range(per):
+                with span("op"):
+                    pass
+            flush()
+        gputrace.save(os.path.join(directory, key + ".json") if not options else None)
+        out[key] = time.perf_counter() - t
+    reset()
+    return out
+
+
+def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    stream = torch.cuda.current_stream()
+    pools = [[torch.cuda.Event(enable_timing=True) for _ in range(2 * per + 1)] for _ in range(2)]
+    out: dict[str, float] = {}
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(per):
+            x.add_(1)
+    torch.cuda.synchronize()
+    out["bare"] = time.perf_counter() - t
+    # The floor of any CUDA-event timer that yields numbers: two pooled records a span, and two
+    # elapsed_time a span (start and end against a reference) once the step has run.
+    times: list[float] = []
+    t = time.perf_counter()
+    prev = None
+    for k in range(steps):
+        pool = pools[k % 2]
+        if prev is not None:
+            prev[-1].synchronize()  # the previous step, long finished: its numbers
+            ref = prev[0]
+            for i in range(1, 2 * per + 1, 2):
+                times.append(ref.elapsed_time(prev[i]))
+                times.append(ref.elapsed_time(prev[i + 1]))
+        pool[0].record(stream)
+        for i in range(1, 2 * per + 1, 2):
+            pool[i].record(stream)
+            x.add_(1)
+            pool[i + 1].record(stream)
+        prev = pool
+    torch.cuda.synchronize()
+    out["floor"] = time.perf_counter() - t
+    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, "c")})):
+        reset()
+        gputrace.enable(**options)
+        span, flush = gputrace.span, gputrace.flush
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(steps):
+            for _ in range(per):
+                with span("op"):
+                    x.add_(1)
+            flush()
+        gputrace.save(os.path.join(directory, key + "_cuda.json") if not options else None)
+        out[key] = time.perf_counter() - t
+    reset()
+    return out
+
+
+def bench_whole(quick: bool, cuda: bool) -> None:
+    """Host time a span costs beyond the bare loop, everything a user pays included: enter and
+    exit, a flush a step (resolving, writing when streamed), and the save at the end."""
+    import tempfile
+
+    steps, per, repeats = (30, 100, 3) if quick else (200, 100, 7)
+    n = steps * per
+    kinds = [("host", _whole_host)] + ([("CUDA", _whole_cuda)] if cuda else [])
+    for kind, run in kinds:
+        res: dict[str, list[float]] = {}
+        with tempfile.TemporaryDirectory() as d:
+            run(max(2, steps // 10), per, d)  # warm up: pools, tracks, imports
+            for _ in range(repeats):
+                for key, secs in run(steps, per, d).items():
+                    res.setdefault(key, []).append(secs)
+        bare = statistics.median(res["bare"])
+        per_span = {k: [(v - bare) / n * 1e9 for v in vs] for k, vs in res.items() if k != "bare"}
+        g = f"whole cost, {kind} span"
+        floor = "2x perf_counter_ns + list append" if kind == "host" else "floor: 2 pooled record + 2 elapsed_time"
+        add(Row(g, floor, "ns", per_span["floor"]))
+        target = ("<= 3x", 3.0) if kind == "host" else ("<= 1.3x", 1.3)
+        add(Row(g, "gputrace: span + flush a step + save", "ns", per_span["gputrace"], floor, *target))
+        add(Row(g, "gputrace streamed to out_dir (flush writes)", "ns", per_span["streamed"], floor, *target))
+    _auto_resolve_pause(quick)
+
+
+def _auto_resolve_pause(quick: bool) -> None:
+    """The longest single span exit in a run that never flushes (the automatic resolve)."""
+    import gc
+
+    reset()
+    gputrace.enable(cuda=False)
+    pc = time.perf_counter_ns
+    span = gputrace.span
+    worst: list[float] = []
+    for _ in range(3):
+        longest = 0
+        gc.disable()  # the collector's own pauses are not gputrace's
+        try:
+            for _ in range(100_000 if quick else 300_000):
+                t = pc()
+                with span("x"):
+                    pass
+                longest = max(longest, pc() - t)
+        finally:
+            gc.enable()
+        worst.append(longest / 1e6)
+    reset()
+    add(
+        Row(
+            "whole cost, host span",
+            "longest span exit (automatic resolve), no flush",
+            "ms",
+            worst,
+            None,
+            "<= 5 ms",
+            5.0,
+        )
+    )
+
+
 # ---- a real step -------------------------------------------------------------------------------
 
 
@@ -654,6 +803,7 @@ SECTIONS = {
     "step": lambda q, cuda: cuda and bench_step(q),
     "anchor": lambda q, cuda: cuda and bench_anchor(q),
     "pipeline": lambda q, cuda: (bench_pipeline(q, False), cuda and bench_pipeline(q, True)),
+    "whole": lambda q, cuda: bench_whole(q, cuda),
     "merge": lambda q, cuda: bench_merge(q),
     "startup": lambda q, cuda: bench_startup(q),
 }

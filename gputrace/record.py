@@ -491,7 +491,7 @@ class Recorder:
         # slice or two while the GPU keeps up.
         deadline = time.perf_counter_ns() + AUTO_RESOLVE_BUDGET_NS
         while self.pending:
-            if not self.flush(wait=False, limit=max(AUTO_RESOLVE_SLICE, self.config.max_pending)):
+            if not self.flush(wait=False, limit=min(AUTO_RESOLVE_SLICE, self.config.max_pending)):
                 break  # the GPU has not finished the oldest: nothing to gain now
             if time.perf_counter_ns() >= deadline:
                 break
