@@ -183,3 +183,44 @@ def test_spans_inside_cuda_graph_capture_do_not_break_it() -> None:
     with gputrace.span("after"):
         g.replay()
     assert [e["name"] for e in spans_of(gputrace.trace_dict())] == ["after"]
+
+
+def test_streamed_cuda_spans_with_memory_counters_and_a_kill(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import subprocess
+    import sys
+
+    from gputrace.trace import chrome
+    from gputrace.validate import validate_file
+
+    code = (
+        "import sys, torch, gputrace\n"
+        "gputrace.enable(out_dir=sys.argv[1])\n"
+        "a = torch.randn(2048, 2048, device='cuda')\n"
+        "n = 0\n"
+        "for step in range(100000):\n"
+        "    with gputrace.span('step', step=step):\n"
+        "        for i in range(4):\n"
+        "            with gputrace.span('mm'):\n"
+        "                a @ a\n"
+        "                n += 1\n"
+        "    n += 1\n"
+        "    torch.cuda.synchronize()\n"  # so that this flush resolves every span of the step
+        "    gputrace.flush()\n"
+        "    print(n, flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for _ in range(30):
+        flushed = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    path = tmp_path / "trace_rank0.json"
+    trace = chrome.read(str(path))
+    assert len(trace.spans) >= flushed
+    assert validate_file(str(path)).ok
+    counters = {trace.tracks[t].name for t in trace.counters.track}
+    assert counters == {"cuda:0 memory allocated", "cuda:0 memory reserved"}
+    assert min(trace.counters.value) > 0  # the matrices are allocated
+    # Spans nest on the stream although every flush wrote a piece.
+    assert trace.metadata.get("overflow_tracks", 0) == 0 and all("overflow" not in t.name for t in trace.tracks)
