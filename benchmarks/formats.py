@@ -109,6 +109,62 @@ def streamed(writer: type, path: str, pieces: list[tuple[Trace, range, range]]) 
     w.finish({**HEADER, "metadata": {**HEADER["metadata"], "spans": w.spans_written}})
 
 
+def packet_ways(spans: int) -> None:
+    """Three ways to build the same begin/end packets (one sequence, its defaults giving the
+    track, interned names, delta timestamps), side by side: the package's streaming builder (a
+    `Trace` serialized per packet), the in-memory builder (packets appended to one `Trace` field
+    by field, serialized once), and gputrace's (template packets parsed in bulk, only timestamps
+    set, serialized per batch)."""
+    from io import BytesIO
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+    from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder, TraceProtoBuilder
+
+    rng = random.Random(1)
+    events = [(k % 2 == 0, 1 + (k // 2) % 20, rng.randrange(1, 100_000)) for k in range(2 * spans)]
+
+    def fill(p: Any, begin: bool, iid: int, delta: int) -> None:
+        p.timestamp = delta
+        p.trusted_packet_sequence_id = 2
+        p.sequence_flags = 2
+        te = p.track_event
+        te.type = 1 if begin else 2
+        if begin:
+            te.name_iid = iid
+
+    def streaming() -> None:
+        b = StreamingTraceProtoBuilder(BytesIO())
+        for begin, iid, delta in events:
+            p = b.create_packet()
+            fill(p, begin, iid, delta)
+            b.write_packet(p)
+
+    def in_memory() -> None:
+        b = TraceProtoBuilder()
+        for begin, iid, delta in events:
+            fill(b.add_packet(), begin, iid, delta)
+        b.serialize()
+
+    def templates() -> None:
+        enc = perfetto._Encoder(0)
+        lane = perfetto._Lane(2, 1)
+        tmpl = {iid: perfetto._serialize([perfetto._event(2, 1, iid)]) for iid in range(1, 21)}
+        parts = [tmpl[iid] if begin else lane.end for begin, iid, _ in events]
+        enc._emit(parts, [d for *_, d in events], [], [])
+
+    ways = {"streaming builder": streaming, "in-memory builder": in_memory, "templates (gputrace)": templates}
+    cpu: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(3):
+        for name, fn in ways.items():
+            cpu[name].append(timed(fn)[1])
+    assert len(pb.Trace.FromString(perfetto._serialize([perfetto._event(2, 1, 1)])).packet) == 1
+    base = statistics.median(cpu["in-memory builder"])
+    print(f"\nbuilding {spans:,} spans' begin/end packets (cpu time, median of 3):")
+    for name, samples in cpu.items():
+        m = statistics.median(samples)
+        print(f"  {name:<22} {spans / m:12,.0f} spans/s {m / (2 * spans) * 1e9:8.0f} ns/packet {base / m:6.2f}x")
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, float]:
     gc.collect()
     w0, c0 = time.perf_counter(), time.process_time()
@@ -184,6 +240,25 @@ def main() -> None:
             f"perfetto{kind or ' whole'}: {smaller:.1f}x smaller than JSON (target >= 3x: {_met(smaller >= 3)}),"
             f" writes at {faster:.2f}x JSON's speed (cpu time)"
         )
+    plain = inflated_size(paths["perfetto"])
+    print(
+        f"perfetto packets before compression: {plain / n:.1f} bytes/span, {size['json'] / plain:.1f}x smaller than JSON"
+    )
+    packet_ways(min(n, 200_000))
+
+
+def inflated_size(path: str) -> int:
+    """The file's size with its compressed packets inflated (what plain packets would take)."""
+    import zlib
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    with open(path, "rb") as f:
+        trace = pb.Trace.FromString(f.read())
+    return sum(
+        len(zlib.decompress(p.compressed_packets)) if p.HasField("compressed_packets") else p.ByteSize() + 2
+        for p in trace.packet
+    )
 
 
 def _met(ok: bool) -> str:

@@ -340,6 +340,32 @@ def test_spans_that_cannot_nest_go_to_an_overflow_lane_even_past_the_layout(monk
     assert len(perfetto.read("x", data).spans) == 5
 
 
+def test_reads_track_events_of_other_writers() -> None:
+    """Packets as Perfetto's SDK writes them: absolute times, a track on every event, names
+    inline or interned on the event packet itself."""
+    t = pb.Trace()
+    t.packet.add(trusted_packet_sequence_id=7).track_descriptor.CopyFrom(
+        pb.TrackDescriptor(uuid=10, process=pb.ProcessDescriptor(pid=42, process_name="trainer"))
+    )
+    d = pb.TrackDescriptor(uuid=11, parent_uuid=10, thread=pb.ThreadDescriptor(pid=42, tid=43, thread_name="worker"))
+    t.packet.add(trusted_packet_sequence_id=7).track_descriptor.CopyFrom(d)
+    p = t.packet.add(trusted_packet_sequence_id=7, sequence_flags=1, timestamp=1_000)
+    p.interned_data.event_names.add(iid=1, name="outer")
+    p.track_event.CopyFrom(pb.TrackEvent(type=1, track_uuid=11, name_iid=1))
+    t.packet.add(trusted_packet_sequence_id=7, sequence_flags=2, timestamp=1_500).track_event.CopyFrom(
+        pb.TrackEvent(type=1, track_uuid=11, name="inner", categories=["c"])
+    )
+    for ts in (1_700, 2_000):
+        t.packet.add(trusted_packet_sequence_id=7, sequence_flags=2, timestamp=ts).track_event.CopyFrom(
+            pb.TrackEvent(type=2, track_uuid=11)
+        )
+    got = perfetto.read("other", t.SerializeToString())
+    assert [(p.pid, p.label, p.rank, p.foreign) for p in got.processes] == [(42, "trainer", None, True)]
+    assert triples(got) == [("inner", 1_500, 1_700), ("outer", 1_000, 2_000)]
+    assert [got.tracks[i].name for i in got.spans.track] == ["worker", "worker"]
+    assert sorted(c for c in got.spans.cat if c) == ["c"]
+
+
 def test_bad_files_and_spans_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "empty.pftrace").write_bytes(b"")
     with pytest.raises(TraceFormatError, match="empty file"):
