@@ -241,9 +241,8 @@ def main() -> None:
             f" writes at {faster:.2f}x JSON's speed (cpu time)"
         )
     plain = inflated_size(paths["perfetto"])
-    print(
-        f"perfetto packets before compression: {plain / n:.1f} bytes/span, {size['json'] / plain:.1f}x smaller than JSON"
-    )
+    smaller = size["json"] / plain
+    print(f"perfetto packets before compression: {plain / n:.1f} bytes/span, {smaller:.1f}x smaller than JSON")
     packet_ways(min(n, 200_000))
 
 
