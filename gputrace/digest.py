@@ -40,11 +40,11 @@ import re
 import warnings
 import zlib
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, repeat
-from operator import sub
+from itertools import accumulate, compress, islice, repeat
+from operator import add, and_, not_, sub
 from typing import Any
 
 import orjson
@@ -68,6 +68,10 @@ HIST_ERROR = 2 ** (0.5 / HIST_PER_OCTAVE) - 1
 #: Until the first WARMUP_STEPS + 1 steps are known, spans wait in a buffer to be put in their
 #: warm-up bucket; past this many the split is given up (a run without steps), not the memory.
 BUFFER_SPANS = 1 << 18
+#: Chunks wait to be worked through until this many spans have come.
+BATCH_SPANS = 1 << 14
+#: Durations wait to be counted into the histograms until this many have come.
+PENDING_SPANS = 1 << 16
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
 DIGEST_MIN_RANKS = 65
@@ -77,7 +81,11 @@ _COLL_TRUE = 2  # ... and it is true
 _UNFINISHED = 4  # the span was open when the trace was written
 _DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.json$|\.digest\.json$")
 _TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
-_SIXTEEN = float(HIST_PER_OCTAVE).__mul__
+#: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
+#: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.
+_BOUND = [math.ceil(2 ** (b / HIST_PER_OCTAVE)) for b in range(64 * HIST_PER_OCTAVE + 1)]
+_KEY_BITS = 50  # durations below 2^50 ns (13 days) sort as name * 2^50 + duration
+_NAME_KEY = 1 << _KEY_BITS
 
 
 def digest_path(trace_path: str) -> str:
@@ -101,7 +109,11 @@ def is_digest_path(path: str) -> bool:
 class Builder:
     """One rank's digest, fed chunk by chunk (`add`) in the order the spans are written.
     Memory: the step and collective spans, one aggregate per (name, warm-up bucket), and the
-    spans of the first WARMUP_STEPS + 1 steps until those steps are known."""
+    spans of the first WARMUP_STEPS + 1 steps until those steps are known.
+
+    Cost: it runs in the training process at every flush, so the per-span work is C loops
+    (`map`, `compress`, one sort of integer keys); Python runs per name and per histogram
+    bucket a chunk touches, not per span."""
 
     def __init__(self, step_name: str = "step") -> None:
         self.step_name = step_name
@@ -110,15 +122,26 @@ class Builder:
         self._row_name: list[bool] = []  # per name: every span of it is kept as a row
         self.tracks: list[tuple[Any, str, str, int | None, int]] = []  # (tid, name, kind, device, ordinal)
         self._track_index: dict[tuple[Any, str, str, int | None, int], int] = {}
-        self.rows = SpanColumns()
-        self.flags = array("b")
+        # The rows: name, track, start, end, flags.
+        self.rows = (array("l"), array("l"), array("q"), array("q"), array("b"))
         self.unfinished = 0
         self.negative = 0
         self.step_starts: list[int] = []  # the least WARMUP_STEPS + 1 finished step starts
         self.split: int | None = None  # step_starts[-1] once all WARMUP_STEPS + 1 are known
         self.warmup_exact = True
         self._buffer = (array("l"), array("l"), array("q"), array("q"))  # name, track, start, duration
-        self.aggs: dict[int, list[Any]] = {}  # name * _NB + bucket -> [count, total, min, max, max start, track, hist]
+        # name * _NB + warm-up bucket -> [count, total, min, max, start of the max, its track, histogram]
+        self.aggs: dict[int, list[Any]] = {}
+        self._pending: dict[int, array[int]] = {}  # durations not yet in the histogram of aggs[key]
+        self._pending_n = 0
+        # Chunks not yet worked through: name, track (-1: not the rank's), start, end, args.
+        self._batch: tuple[array[int], array[int], array[int], array[int], list[Any]] = (
+            array("l"),
+            array("l"),
+            array("q"),
+            array("q"),
+            [],
+        )
 
     # names and tracks of the digest (chunks come with their own indices)
 
@@ -140,78 +163,88 @@ class Builder:
 
     def add(self, trace: Trace) -> None:
         """Take in one chunk: the spans of the rank's own process in `trace` (other tools'
-        processes are left out, as the summary leaves them out)."""
+        processes are left out, as the summary leaves them out). The chunk's columns are copied
+        into a batch, worked through BATCH_SPANS at a time: a flush of a few spans then costs a
+        copy, and the work per batch is C loops over many spans."""
         sp = trace.spans
-        n = len(sp)
-        if not n:
+        if not len(sp):
             return
         remap = [self._intern(x) for x in trace.names]
-        names = sp.name if remap == list(range(len(remap))) else array("l", map(remap.__getitem__, sp.name))
         procs = trace.processes
         own = [procs[t.process].rank is not None and not procs[t.process].foreign for t in trace.tracks]
         tmap = [self._track(t) if ok else -1 for t, ok in zip(trace.tracks, own)]
-        tracks = sp.track if tmap == list(range(len(tmap))) else array("l", map(tmap.__getitem__, sp.track))
-        start, end = sp.start, sp.end
+        b = self._batch
+        b[0].extend(sp.name if remap == list(range(len(remap))) else map(remap.__getitem__, sp.name))
+        b[1].extend(sp.track if tmap == list(range(len(tmap))) else map(tmap.__getitem__, sp.track))
+        b[2].extend(sp.start)
+        b[3].extend(sp.end)
+        b[4].extend(sp.args)
+        if len(b[0]) >= BATCH_SPANS:
+            self._work()
+
+    def _work(self) -> None:
+        """The batch into the rows and the aggregates."""
+        names, tracks, start, end, args = self._batch
+        self._batch = (array("l"), array("l"), array("q"), array("q"), [])
+        n = len(names)
+        if not n:
+            return
         dur = list(map(sub, end, start))
 
         # Spans left out of the statistics: other tools' (track -1), inverted (merge drops them),
         # unfinished (the summary counts them apart). Rare, so found by exception.
         bad: set[int] = set()
-        if not all(own):
-            bad.update(i for i, t in enumerate(tracks) if t < 0)
+        if min(tracks) < 0:
+            bad.update(compress(range(n), map((-1).__eq__, tracks)))
         if min(dur) < 0:
-            neg = [i for i, d in enumerate(dur) if d < 0 and i not in bad]
+            neg = [i for i in compress(range(n), map((0).__gt__, dur)) if i not in bad]
             self.negative += len(neg)
             bad.update(neg)
         flags: dict[int, int] = {}
-        for i, a in enumerate(sp.args):
-            if a and i not in bad:
-                f = 0
-                c = a.get("collective")
-                if c is not None:
-                    f = _COLL | (_COLL_TRUE if c else 0)
-                if a.get("unfinished"):
-                    f |= _UNFINISHED
-                    self.unfinished += 1
-                    bad.add(i)
-                if f:
-                    flags[i] = f
+        for i in compress(range(n), args):
+            if i in bad:
+                continue
+            a = args[i]
+            f = 0
+            c = a.get("collective")
+            if c is not None:
+                f = _COLL | (_COLL_TRUE if c else 0)
+            if a.get("unfinished"):
+                f |= _UNFINISHED
+                self.unfinished += 1
+                bad.add(i)
+            if f:
+                flags[i] = f
 
-        # Group by name (one pass); the rows are the spans of row names and the marked ones.
-        groups: dict[int, list[int]] = {}
-        get = groups.get
-        for i, k in enumerate(names):
-            g = get(k)
-            if g is None:
-                groups[k] = [i]
-            else:
-                g.append(i)
+        # The rows: spans of row names, and the ones marked collective, in the order written
+        # (ties between equal starts then break as they do in the trace).
         row_name = self._row_name
-        rows = [i for k, g in groups.items() if row_name[k] for i in g]
-        rows += [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
+        rows = list(compress(range(n), map(row_name.__getitem__, names)))
+        marked = [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
+        if marked:
+            rows = sorted(rows + marked)
         if bad and rows:
             rows = [i for i in rows if i not in bad or flags.get(i, 0) & _UNFINISHED]
         if rows:
-            rows.sort()  # the order written: ties between equal starts break the same way
             r = self.rows
-            r.name.extend(array("l", [names[i] for i in rows]))
-            r.track.extend(array("l", [tracks[i] for i in rows]))
-            r.start.extend(array("q", [start[i] for i in rows]))
-            r.end.extend(array("q", [end[i] for i in rows]))
-            self.flags.extend(array("b", [flags.get(i, 0) for i in rows]))
+            r[0].extend(map(names.__getitem__, rows))
+            r[1].extend(map(tracks.__getitem__, rows))
+            r[2].extend(map(start.__getitem__, rows))
+            r[3].extend(map(end.__getitem__, rows))
+            r[4].extend([flags.get(i, 0) for i in rows] if flags else repeat(0, len(rows)))
 
-        if bad:
-            groups = {k: kept for k, g in groups.items() if (kept := [i for i in g if i not in bad])}
+        good: Sequence[int] = range(n) if not bad else [i for i in range(n) if i not in bad]
         step_id = self._name_index.get(self.step_name)
-        if step_id is not None and step_id in groups:
-            self._steps_seen([start[i] for i in groups[step_id]])
+        if step_id is not None:
+            steps = [i for i in rows if names[i] == step_id and i not in bad]  # step spans are rows
+            if steps:
+                self._steps_seen(list(map(start.__getitem__, steps)))
         if self.split is None:
             b = self._buffer
-            for k, g in groups.items():
-                b[0].extend(repeat(k, len(g)))
-                b[1].extend(array("l", [tracks[i] for i in g]))
-                b[2].extend(array("q", [start[i] for i in g]))
-                b[3].extend(array("q", [dur[i] for i in g]))
+            b[0].extend(map(names.__getitem__, good))
+            b[1].extend(map(tracks.__getitem__, good))
+            b[2].extend(map(start.__getitem__, good))
+            b[3].extend(map(dur.__getitem__, good))
             if len(b[0]) > BUFFER_SPANS:
                 # No steps to split at (or steps too long to wait for): the warm-up is not
                 # told apart; everything goes into the last bucket.
@@ -219,16 +252,12 @@ class Builder:
                 self.split = -(1 << 62)
                 self._drain(self.aggs, _REST)
             return
-        split = self.split
-        for k, g in groups.items():
-            if min(map(start.__getitem__, g)) >= split:
-                self._aggregate(self.aggs, k * _NB + _REST, g, start, dur, tracks)
-                continue
-            by: dict[int, list[int]] = {}
-            for i in g:
-                by.setdefault(self._bucket(start[i]), []).append(i)
-            for bucket, idx in by.items():
-                self._aggregate(self.aggs, k * _NB + bucket, idx, start, dur, tracks)
+        if min(start) < self.split and any(early := list(map(self.split.__gt__, map(start.__getitem__, good)))):
+            # Spans that began in the warm-up (an outer span closing late): each to its bucket.
+            self._grouped(self.aggs, list(compress(good, early)), names, tracks, start, dur, None)
+            good = list(compress(good, map(not_, early)))
+        if good:
+            self._sorted(self.aggs, good, names, tracks, start, dur)
 
     def _bucket(self, t: int) -> int:
         return min(bisect_right(self.step_starts, t), _REST) if self.warmup_exact else _REST
@@ -246,29 +275,39 @@ class Builder:
     def _drain(self, aggs: dict[int, list[Any]], bucket: int | None) -> None:
         """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`)."""
         names, tracks, starts, durs = self._buffer
-        if bucket is None:
-            by: dict[int, list[int]] = {}
-            for i, (k, s) in enumerate(zip(names, starts)):
-                by.setdefault(k * _NB + self._bucket(s), []).append(i)
-        else:
-            by = {}
-            for i, k in enumerate(names):
-                by.setdefault(k * _NB + bucket, []).append(i)
-        for key, idx in by.items():
-            self._aggregate(aggs, key, idx, starts, durs, tracks)
+        self._grouped(aggs, range(len(names)), names, tracks, starts, durs, bucket)
         if aggs is self.aggs:
             self._buffer = (array("l"), array("l"), array("q"), array("q"))
 
-    @staticmethod
-    def _aggregate(
+    def _grouped(
+        self,
         aggs: dict[int, list[Any]],
-        key: int,
-        idx: list[int],
+        idx: Sequence[int],
+        names: Sequence[int],
+        tracks: Sequence[int],
         start: Sequence[int],
         dur: Sequence[int],
-        tracks: Sequence[int],
+        bucket: int | None,
     ) -> None:
-        ds = list(map(dur.__getitem__, idx))
+        """Rows `idx` into `aggs`, grouped by (name, warm-up bucket) in Python: for the few
+        spans of the warm-up."""
+        by: dict[int, list[int]] = {}
+        for i in idx:
+            by.setdefault(names[i] * _NB + (self._bucket(start[i]) if bucket is None else bucket), []).append(i)
+        for key, g in by.items():
+            ds = list(map(dur.__getitem__, g))
+            a = self._agg(aggs, key, ds, g, start, tracks)
+            _count_into(a[6], sorted(ds))
+
+    @staticmethod
+    def _agg(
+        aggs: dict[int, list[Any]],
+        key: int,
+        ds: list[int],
+        g: Sequence[int],
+        start: Sequence[int],
+        tracks: Sequence[int],
+    ) -> list[Any]:
         hi, lo = max(ds), min(ds)
         a = aggs.get(key)
         if a is None:
@@ -278,11 +317,61 @@ class Builder:
         if lo < a[2]:
             a[2] = lo
         if hi > a[3]:  # the first of the longest, in the order written (as the summary picks it)
-            i = idx[ds.index(hi)]
+            i = g[ds.index(hi)]
             a[3], a[4], a[5] = hi, start[i], tracks[i]
-        a[6].update(map(int, map(_SIXTEEN, map(math.log2, map(max, ds, repeat(1))))))
+        return a
 
-    # the document
+    def _sorted(
+        self,
+        aggs: dict[int, list[Any]],
+        good: Sequence[int],
+        names: Sequence[int],
+        tracks: Sequence[int],
+        start: Sequence[int],
+        dur: Sequence[int],
+    ) -> None:
+        """Rows `good` (all past the warm-up) into `aggs` through one sort of integer keys
+        (name, duration): a name's spans are one run of the keys, and its count, least, longest
+        and total come from the run's ends and sum."""
+        ds = list(map(dur.__getitem__, good)) if not isinstance(good, range) else dur
+        if max(ds) >= 1 << _KEY_BITS:  # a span of days: the keys would overlap
+            self._grouped(aggs, good, names, tracks, start, dur, _REST)
+            return
+        ns = list(map(names.__getitem__, good)) if not isinstance(good, range) else names
+        keys = sorted(map(add, map(_NAME_KEY.__mul__, ns), ds))
+        for k in set(ns):
+            base = k * _NAME_KEY
+            lo = bisect_left(keys, base)
+            hi = bisect_left(keys, base + _NAME_KEY, lo)
+            count = hi - lo
+            least, longest = keys[lo] - base, keys[hi - 1] - base
+            key = k * _NB + _REST
+            a = aggs.get(key)
+            if a is None:
+                a = aggs[key] = [0, 0, least, -1, 0, 0, Counter()]
+            a[0] += count
+            a[1] += sum(islice(keys, lo, hi)) - count * base
+            if least < a[2]:
+                a[2] = least
+            if longest > a[3]:  # the first of the longest, in the order written
+                i = next(compress(good, map(and_, map(k.__eq__, ns), map(longest.__eq__, ds))))
+                a[3], a[4], a[5] = longest, start[i], tracks[i]
+            # The durations wait, sorted runs of them, to be counted into the histogram many at
+            # a time (Python then runs per bucket of many spans, not per span).
+            p = self._pending.get(key)
+            if p is None:
+                p = self._pending[key] = array("q")
+            p.extend(map(sub, islice(keys, lo, hi), repeat(base)))
+        self._pending_n += len(keys)
+        if self._pending_n > PENDING_SPANS:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The durations waiting into their names' histograms."""
+        for key, p in self._pending.items():
+            _count_into(self.aggs[key][6], sorted(p))
+        self._pending = {}
+        self._pending_n = 0
 
     def document(
         self,
@@ -293,12 +382,14 @@ class Builder:
     ) -> dict[str, Any]:
         """The digest as JSON-ready data. `metadata`: the rank's trace metadata as the trace's
         header carries it (rank, world_size, run_id, clock, ...). Building may go on after."""
+        self._work()
+        self._fold()
         aggs = self.aggs
         if len(self._buffer[0]):  # fewer steps than the split needs: bucket by the ones known
             aggs = {k: [*v[:6], Counter(v[6])] for k, v in aggs.items()}
             self._drain(aggs, None if self.warmup_exact else _REST)
-        rows = self.rows
-        starts = list(rows.start)
+        r_name, r_track, r_start, r_end, r_flags = self.rows
+        starts = list(r_start)
         deltas = list(map(sub, starts, [base_ns, *starts[:-1]]))
         keys = sorted(aggs)
         entries = [aggs[k] for k in keys]
@@ -330,11 +421,11 @@ class Builder:
                 "ordinal": [t[4] for t in self.tracks],
             },
             "spans": {
-                "name": list(rows.name),
-                "track": list(rows.track),
+                "name": list(r_name),
+                "track": list(r_track),
                 "start": deltas,  # each from the one before (the first from base_ns)
-                "dur": list(map(sub, rows.end, rows.start)),
-                "flags": list(self.flags),
+                "dur": list(map(sub, r_end, r_start)),
+                "flags": list(r_flags),
             },
             "stats": {
                 "name": [k // _NB for k in keys],
@@ -349,6 +440,16 @@ class Builder:
             },
             "metadata": metadata,
         }
+
+
+def _count_into(hist: Counter[int], ds: list[int]) -> None:
+    """Ascending durations `ds` into the histogram: one step per bucket that holds any."""
+    at, n = 0, len(ds)
+    while at < n:
+        b = bisect_right(_BOUND, ds[at]) - 1
+        nxt = bisect_left(ds, _BOUND[b + 1], at)
+        hist[b] += nxt - at
+        at = nxt
 
 
 def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = None) -> dict[str, Any]:
@@ -457,7 +558,7 @@ class RankDigest:
     path: str
     rank: int
     step_name: str
-    trace: Trace
+    trace: Trace | None  # None once `load` has taken its spans
     stats: dict[str, Any]  # columns: name (str), bucket, count, total, min, max, max_start (epoch ns), max_track, hist
     unfinished: int
     negative: int
@@ -665,13 +766,16 @@ def step_names(inputs: Inputs) -> set[str]:
 def load(digests: list[RankDigest], allow_mixed: bool = False) -> tuple[Trace, dict[int, tuple[Any, Any]]]:
     """The digests' spans as one merged `Trace`, checked and aligned exactly as `merge.load`
     checks and aligns trace files (the same functions), and each rank's (host, device) clock
-    maps for placing the aggregates' longest spans."""
+    maps for placing the aggregates' longest spans. The spans move out of the digests (their
+    `trace` becomes None), so that memory holds them once."""
     from gputrace import merge as m
 
     sel = m.Selection.make()
-    sources = [m.describe_trace(d.path, d.trace) for d in digests]
+    if any(d.trace is None for d in digests):
+        raise GputraceError("these digests were summarized already (their spans are taken): read them again")
+    sources = [m.describe_trace(d.path, d.trace) for d in digests]  # type: ignore[arg-type]
     for d in digests:
-        d.trace = Trace()  # the source holds it now; `take` frees it rank by rank
+        d.trace = None  # the source holds it now, and `take` lets go of it rank by rank
     plan = m.plan(sources, allow_mixed, None)
     maps = m._alignment(plan, "clock", None, 1, m._read_source)
     start = m._start(plan, maps)
@@ -709,7 +813,7 @@ def summarize(
     per_rank = {d.rank: d for d in digests}
     if require_step and not any(_has_steps(d) for d in digests):
         raise stats.UnknownStepError(_unknown_step(step, digests))
-    kept_tracks = {d.rank: [t.kind for t in d.trace.tracks] for d in digests}
+    kept_tracks = {d.rank: [t.kind for t in d.trace.tracks] if d.trace is not None else [] for d in digests}
     trace, maps = load(digests, allow_mixed)
     s = stats.summarize(trace, step, skip_steps)
     # Which warm-up buckets each rank keeps: spans starting at or after its step `skip_steps`.
@@ -754,6 +858,8 @@ def summarize(
 
 
 def _has_steps(d: RankDigest) -> bool:
+    if d.trace is None:
+        return False
     try:
         k = d.trace.names.index(d.step_name)
     except ValueError:
@@ -768,7 +874,7 @@ def _unknown_step(step: str, digests: list[RankDigest]) -> str:
         st = d.stats
         for name, total in zip(st["name"], st["total"]):
             totals[name] = totals.get(name, 0) + total
-        exists = exists or step in d.trace.names
+        exists = exists or (d.trace is not None and step in d.trace.names)
     present = sorted(totals, key=lambda n: (-totals[n], n))
     shown = ", ".join(repr(n) for n in present[:12])
     more = f" and {len(present) - 12} more" if len(present) > 12 else ""
@@ -884,7 +990,7 @@ def _row(name: str, ranks: dict[int, list[Any]], slowest: stats.Instance) -> sta
 
 def _percentile(hist: Counter[int], n: int, q: int, lo: int, hi: int) -> int:
     """The nearest-rank percentile (as `stats.percentile` takes it) estimated from the
-    histogram: the middle of the bucket it falls in, within the least and longest known."""
+    histogram: the geometric middle of the bucket it falls in, within the least and longest."""
     if not n:
         return 0
     want = max(0, min(n - 1, (n * q + 99) // 100 - 1))
@@ -892,7 +998,7 @@ def _percentile(hist: Counter[int], n: int, q: int, lo: int, hi: int) -> int:
     for b in sorted(hist):
         seen += hist[b]
         if seen > want:
-            mid = round(2 ** ((b + 0.5) / HIST_PER_OCTAVE))
+            mid = 0 if b < 0 else round(math.sqrt(_BOUND[b] * (_BOUND[b + 1] - 1)))
             return min(max(mid, lo), hi)
     return hi
 

@@ -24,6 +24,7 @@ import gputrace
 from gputrace import digest, merge, stats
 from gputrace.cli import main
 from gputrace.clock import HostClock
+from gputrace.trace.model import Trace
 
 from .conftest import _reset
 
@@ -202,6 +203,63 @@ def test_summary_from_digests_equals_summary_from_traces(job: Path, skip: int) -
     assert any("unfinished" in n for n in dig.notes) and dig.counts[WORLD - 1].unfinished == 2
     if skip:
         assert any(f"({sum(c.warmup for c in full.counts.values()):,} spans)" in n for n in dig.notes)
+
+
+def chunks(trace: Trace, size: int) -> list[Trace]:
+    """`trace` cut into chunks of `size` spans, in order (as flushes hand them over)."""
+    out = []
+    sp = trace.spans
+    for k in range(0, len(sp), size):
+        part = Trace(dict(trace.metadata))
+        part.processes, part.tracks, part.names = trace.processes, trace.tracks, trace.names
+        for i in range(k, min(k + size, len(sp))):
+            part.spans.append(sp.name[i], sp.track[i], sp.start[i], sp.end[i], sp.args[i])
+        out.append(part)
+    return out
+
+
+def test_small_batches_give_the_digest_of_the_whole_trace(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fed in chunks and worked through a few spans at a time (steps arriving across batches,
+    spans buffered until the warm-up steps are known, histograms folded many times), the digest
+    is the one made from the whole trace at once."""
+    path = str(job / f"trace_rank{WORLD - 1}.json")  # with unfinished spans
+    trace = merge.read_trace(path)
+    whole = digest.from_trace(trace, "step")
+    monkeypatch.setattr(digest, "BATCH_SPANS", 7)
+    monkeypatch.setattr(digest, "PENDING_SPANS", 40)
+    b = digest.Builder("step")
+    for part in chunks(trace, 13):
+        b.add(part)
+    doc = b.document(dict(trace.rank_process(WORLD - 1).metadata), trace.metadata["base_ns"], "x")
+    for key in ("spans", "stats", "warmup", "unfinished", "negative", "names", "tracks"):
+        assert doc[key] == whole[key], key
+
+
+def test_a_run_too_long_to_wait_for_its_steps_is_not_split(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [str(job / f"trace_rank{r}.json") for r in range(WORLD)]
+    monkeypatch.setattr(digest, "BATCH_SPANS", 16)
+    monkeypatch.setattr(digest, "BUFFER_SPANS", 30)  # less than the 17 steps the split waits for
+
+    def chunked(p: str) -> digest.RankDigest:
+        b = digest.Builder("step")
+        trace = merge.read_trace(p)
+        for part in chunks(trace, 16):
+            b.add(part)
+        meta = dict(trace.rank_process(trace.ranks[0]).metadata)
+        return digest.from_document(b.document(meta, trace.metadata["base_ns"], "r", p), p)
+
+    digests = [chunked(p) for p in paths]
+    assert not any(d.warmup_exact for d in digests)
+    _, s = digest.summarize(digests, "step", 0)
+    assert_same(full_summary(paths), s, approximate={"fwd", "op", "opt"})
+    with pytest.raises(gputrace.GputraceError, match="summarized already"):
+        digest.summarize(digests, "step", 0)
+    whole = digest.from_document(digest.from_trace(merge.read_trace(paths[0])), paths[0])
+    _, s = digest.summarize([whole, *map(chunked, paths[1:])], "step", 3)
+    full = full_summary(paths, 3)
+    assert s.steps == full.steps and s.collectives == full.collectives
+    assert any("ranks 1-3 include their warm-up" in n for n in s.notes)
+    assert s.counts[0] == full.counts[0] and s.counts[1].warmup == 0
 
 
 def test_warm_up_beyond_what_the_digest_splits_is_said(job: Path) -> None:
