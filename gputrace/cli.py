@@ -67,10 +67,13 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
     from gputrace import demo as demo_mod
     from gputrace import merge as merge_mod
 
-    try:  # before minutes of training, not after
+    try:  # before minutes of training, not after; a fresh run, never mixed with an earlier one
         os.makedirs(out_dir, exist_ok=True)
+        removed = demo_mod.clear_previous(out_dir)
     except OSError as e:
         raise GputraceError(f"cannot write to {out_dir}: {e.strerror or e}") from None
+    if removed:
+        click.echo(f"gputrace demo: removed {len(removed)} file(s) of an earlier demo from {out_dir}", err=True)
     show = _progress(False)
     click.echo(f"gputrace demo: {steps} steps on {ranks} rank(s), starting (torch loads in a few seconds)", err=True)
     if ranks == 1:

@@ -170,6 +170,19 @@ def rank_main(out_dir: str, steps: int) -> None:
     train(out_dir, steps, distributed=True, progress=report)
 
 
+def clear_previous(out_dir: str) -> list[str]:
+    """Remove the files an earlier demo wrote in `out_dir` (traces, digests, the merged trace), so
+    a run with fewer ranks never merges or summarises a stale rank. Returns what was removed."""
+    import glob
+
+    removed = []
+    for pattern in ("trace_rank*.json", "trace_rank*.pftrace", "digest_rank*.json", "merged.json", "merged.pftrace"):
+        for path in glob.glob(os.path.join(out_dir, pattern)):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
 def run_ranks(
     out_dir: str,
     steps: int,

@@ -48,3 +48,20 @@ def test_rank_progress_lines_are_read_apart_from_other_output() -> None:
     demo._read_rank(1, stderr, last, lambda r, d, t: seen.append((r, d, t)))
     assert seen == [(1, 0, 3), (1, 1, 3)]
     assert last[-1] == "RuntimeError: boom"
+
+
+def test_a_new_demo_removes_the_files_of_an_earlier_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gputrace.cli import main
+
+    stale = [tmp_path / "trace_rank1.json", tmp_path / "digest_rank1.json", tmp_path / "merged.json"]
+    for p in stale:
+        p.write_text("{}")
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    r = CliRunner().invoke(main, ["demo", "--out", str(tmp_path), "--steps", "2"])
+    assert r.exit_code == 0, r.output
+    assert not any(p.exists() for p in stale)
+    assert keep.read_text() == "mine" and (tmp_path / "trace_rank0.json").exists()
+    assert "removed 3 file(s)" in r.output
