@@ -508,7 +508,7 @@ def write_trace(trace: Trace, path: str, fmt: str) -> None:
     if fmt == "perfetto":
         from gputrace.trace import perfetto
 
-        perfetto.write(trace, path)
+        perfetto.write(trace, path, ordered=True)
     else:
         chrome.write(trace, path, ordered=True)
 

@@ -360,6 +360,8 @@ def _clean(value: Any) -> Any:
         return _clean_str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)  # JSON numbers past 64 bits lose digits in most readers
     return value
 
 
