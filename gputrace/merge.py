@@ -1267,7 +1267,7 @@ def _workers(files: list[str], workers: int | None) -> int:
         idle = cpus - os.getloadavg()[0]
     except OSError:
         idle = 0.0
-    return max(1, min(int(idle), 8)) if idle >= 1.5 else 1
+    return max(1, min(round(idle), 8)) if idle >= 1.5 else 1
 
 
 #: Inputs smaller than this are read in this process (see `_workers`).
