@@ -778,8 +778,359 @@ done:
     return result;
 }
 
+/* ---- resolving closed spans into a store's columns ---------------------------------------- */
+
+/* The same logic as resolve.resolve (the reference, which also serves every case this does not):
+ * one loop over the closed spans, the rows packed into the store's arrays with one call per
+ * column. Device spans are located and mapped through their DeviceTimeline's own methods, so
+ * every device (torch's, or a test double) is measured exactly as the Python twin measures it. */
+
+static PyObject *s_index, *s_names, *s_name_index, *s_last_id, *s_capacity, *s_dropped, *s_child_extent,
+    *s_locate, *s_to_host_ns, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
+
+/* A span's id, given on first need (as SpanStore.id_of). */
+static long long id_of(Span *s, long long *last_id) {
+    if (s->id && s->id != Py_None) {
+        long long v = PyLong_AsLongLong(s->id);
+        return v;
+    }
+    PyObject *v = PyLong_FromLongLong(++*last_id);
+    if (!v) return -1;
+    SETREF(s->id, v);
+    return *last_id;
+}
+
+/* _take_in_children: a parent on a device track takes in its children's ends that stick out by
+ * no more than `rounding` ns. */
+static int take_in_children(PyObject *extent, long long sid, long long rounding, long long *start, long long *end) {
+    PyObject *key = PyLong_FromLongLong(sid);
+    if (!key) return -1;
+    PyObject *ext = PyDict_GetItemWithError(extent, key); /* borrowed */
+    if (!ext) {
+        Py_DECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    long long lo = PyLong_AsLongLong(PyTuple_GetItem(ext, 0));
+    long long hi = PyLong_AsLongLong(PyTuple_GetItem(ext, 1));
+    if (PyErr_Occurred() || PyDict_DelItem(extent, key) < 0) { Py_DECREF(key); return -1; }
+    Py_DECREF(key);
+    if (0 < *start - lo && *start - lo <= rounding) *start = lo;
+    if (0 < hi - *end && hi - *end <= rounding) *end = hi;
+    return 0;
+}
+
+static int widen_extent(PyObject *extent, long long pid, long long start, long long end) {
+    PyObject *key = PyLong_FromLongLong(pid);
+    if (!key) return -1;
+    PyObject *ext = PyDict_GetItemWithError(extent, key); /* borrowed */
+    if (!ext && PyErr_Occurred()) { Py_DECREF(key); return -1; }
+    if (ext) {
+        long long lo = PyLong_AsLongLong(PyTuple_GetItem(ext, 0));
+        long long hi = PyLong_AsLongLong(PyTuple_GetItem(ext, 1));
+        if (PyErr_Occurred()) { Py_DECREF(key); return -1; }
+        if (lo < start) start = lo;
+        if (hi > end) end = hi;
+    }
+    PyObject *v = Py_BuildValue("(LL)", start, end);
+    int r = v ? PyDict_SetItem(extent, key, v) : -1;
+    Py_XDECREF(v);
+    Py_DECREF(key);
+    return r;
+}
+
+/* tl.locate(event, first) -> (k, d) or None; NULL on error. */
+static PyObject *locate(PyObject *tl, PyObject *event, PyObject *first) {
+    return PyObject_CallMethodObjArgs(tl, s_locate, event, first, NULL);
+}
+
+static int to_host(PyObject *tl, PyObject *kd, long long *out) {
+    PyObject *r = PyObject_CallMethodObjArgs(tl, s_to_host_ns, PyTuple_GetItem(kd, 0), PyTuple_GetItem(kd, 1), NULL);
+    if (!r) return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Append n values to an array.array column as raw bytes (one call per column). */
+static int column_extend(PyObject *store, PyObject *attr, const void *data, size_t itemsize, Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *col = PyObject_GetAttr(store, attr);
+    if (!col) return -1;
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)(itemsize * (size_t)n));
+    if (!bytes) { Py_DECREF(col); return -1; }
+    PyObject *r = PyObject_CallMethodObjArgs(col, s_frombytes, bytes, NULL);
+    Py_DECREF(bytes);
+    Py_DECREF(col);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static Py_ssize_t attr_ssize(PyObject *o, PyObject *attr) {
+    PyObject *v = PyObject_GetAttr(o, attr);
+    if (!v) return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return n;
+}
+
+PyDoc_STRVAR(resolve_doc,
+             "resolve($module, done, offset, store, timelines, pools, rounding_ns, /)\n--\n\n"
+             "resolve.resolve for spans of this module's Span type: append every span of `done` to\n"
+             "`store` and return those that wait for a newer anchor. NotImplemented (nothing done)\n"
+             "when a span is of another type: the Python twin resolves those.");
+
+typedef struct {
+    long long start, end, id, parent;
+    long name, track;
+} Row;
+
+static PyObject *hot_resolve(PyObject *self, PyObject *args) {
+    PyObject *done, *store, *timelines, *pools;
+    long long offset, rounding;
+    if (!PyArg_ParseTuple(args, "O!LOOOL", &PyList_Type, &done, &offset, &store, &timelines, &pools, &rounding))
+        return NULL;
+    Py_ssize_t n = PyList_Size(done);
+    /* Per span: its track index and device (-1: a host track), read once per stack. The check
+     * pass changes nothing, so a span this loop cannot take leaves everything to the twin. */
+    long *track_of = PyMem_Malloc(sizeof(long) * (size_t)(n ? n : 1));
+    Py_ssize_t *dev_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    Row *rows = PyMem_Malloc(sizeof(Row) * (size_t)(n ? n : 1));
+    PyObject **names = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    PyObject *later = NULL, *argl = NULL, *extent = NULL, *result = NULL;
+    PyObject *last_tl = NULL, *last_pool = NULL; /* owned */
+    Py_ssize_t last_tl_dev = -1;
+    long long last_id = 0;
+    int have_last_id = 0;
+    Py_ssize_t nrows = 0;
+    if (!track_of || !dev_of || !rows || !names) { PyErr_NoMemory(); goto done_; }
+    {
+        PyObject *last_stack = NULL;
+        long tr = 0;
+        Py_ssize_t dv = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *o = PyList_GetItem(done, i);
+            if (!PyObject_TypeCheck(o, SpanType)) goto not_mine;
+            Span *s = (Span *)o;
+            if (!s->stack || s->stack == Py_None || !s->t0 || !s->t1) goto not_mine;
+            if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, SpanType)) goto not_mine;
+            if (s->stack != last_stack) {
+                PyObject *track = PyObject_GetAttr(s->stack, s_track);
+                if (!track) goto done_;
+                PyObject *idx = PyObject_GetAttr(track, s_index);
+                PyObject *dev = idx ? PyObject_GetAttr(track, s_device) : NULL;
+                Py_DECREF(track);
+                if (!dev) { Py_XDECREF(idx); goto done_; }
+                tr = PyLong_AsLong(idx);
+                dv = dev == Py_None ? -1 : PyLong_AsSsize_t(dev);
+                Py_DECREF(idx);
+                Py_DECREF(dev);
+                if (PyErr_Occurred()) goto done_;
+                if (dv < -1) goto not_mine;
+                last_stack = s->stack;
+            }
+            if (dv < 0 && !(PyLong_CheckExact(s->t0) && PyLong_CheckExact(s->t1))) goto not_mine;
+            track_of[i] = tr;
+            dev_of[i] = dv;
+        }
+    }
+    if (!(later = PyList_New(0)) || !(argl = PyList_New(0))) goto done_;
+    if (!(extent = PyObject_GetAttr(store, s_child_extent))) goto done_;
+    if (!PyDict_Check(extent)) { PyErr_SetString(PyExc_TypeError, "resolve: child_extent is not a dict"); goto done_; }
+    {
+        PyObject *v = PyObject_GetAttr(store, s_last_id);
+        if (!v) goto done_;
+        last_id = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (PyErr_Occurred()) goto done_;
+        have_last_id = 1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Span *s = (Span *)PyList_GetItem(done, i);
+        Span *parent = (s->parent && s->parent != Py_None) ? (Span *)s->parent : NULL;
+        Py_ssize_t dv = dev_of[i];
+        long long start, end;
+        if (dv < 0) {
+            start = PyLong_AsLongLong(s->t0) + offset;
+            end = PyLong_AsLongLong(s->t1) + offset;
+            if (PyErr_Occurred()) goto done_;
+        } else {
+            if (dv != last_tl_dev) {
+                Py_CLEAR(last_tl);
+                Py_CLEAR(last_pool);
+                if (!(last_tl = PySequence_GetItem(timelines, dv)) || !(last_pool = PySequence_GetItem(pools, dv)))
+                    goto done_;
+                last_tl_dev = dv;
+            }
+            PyObject *a = locate(last_tl, s->t0, s->gen ? s->gen : Py_None);
+            if (!a) goto done_;
+            PyObject *b = NULL;
+            if (a != Py_None) {
+                b = locate(last_tl, s->t1, PyTuple_GetItem(a, 0));
+                if (!b) { Py_DECREF(a); goto done_; }
+            }
+            if (a == Py_None || b == Py_None) {
+                Py_DECREF(a);
+                Py_XDECREF(b);
+                if (PyList_Append(later, (PyObject *)s) < 0) goto done_;
+                continue;
+            }
+            int bad = to_host(last_tl, a, &start) < 0 || to_host(last_tl, b, &end) < 0;
+            Py_DECREF(a);
+            Py_DECREF(b);
+            if (bad) goto done_;
+            if (end < start) end = start; /* back-to-back events either side of an anchor */
+            if (PyDict_Size(extent) > 0) {
+                long long sid = id_of(s, &last_id);
+                if ((sid == -1 && PyErr_Occurred()) || take_in_children(extent, sid, rounding, &start, &end) < 0)
+                    goto done_;
+            }
+            if (PyList_Append(last_pool, s->t0) < 0 || PyList_Append(last_pool, s->t1) < 0) goto done_;
+            PyObject *zero = PyLong_FromLong(0);
+            if (!zero) goto done_;
+            SETREF(s->t0, Py_NewRef(zero));
+            SETREF(s->t1, zero); /* the events are the pool's again */
+        }
+        PyObject *a = s->args ? s->args : Py_None;
+        if (s->error && s->error != Py_None) {
+            PyObject *d = PyDict_New();
+            if (!d) goto done_;
+            int t = PyObject_IsTrue(a);
+            if (t < 0 || (t && PyDict_Update(d, a) < 0) || PyDict_SetItem(d, s_error, s->error) < 0) {
+                Py_DECREF(d);
+                goto done_;
+            }
+            int r = PyList_Append(argl, d);
+            Py_DECREF(d);
+            if (r < 0) goto done_;
+        } else if (PyList_Append(argl, a) < 0) {
+            goto done_;
+        }
+        if (dv >= 0 && parent && parent->stack == s->stack) {
+            long long pid = id_of(parent, &last_id);
+            if ((pid == -1 && PyErr_Occurred()) || widen_extent(extent, pid, start, end) < 0) goto done_;
+        }
+        Row *row = &rows[nrows];
+        row->start = start;
+        row->end = end;
+        row->track = track_of[i];
+        row->id = id_of(s, &last_id);
+        if (row->id == -1 && PyErr_Occurred()) goto done_;
+        row->parent = parent ? id_of(parent, &last_id) : 0;
+        if (row->parent == -1 && PyErr_Occurred()) goto done_;
+        names[nrows] = Py_NewRef(s->name);
+        nrows++;
+        if (s->owner && s->owner != Py_None) {
+            PyObject *d = PyLong_FromLongLong(end - start);
+            if (!d) goto done_;
+            PyObject *r = PyObject_CallMethodObjArgs(s->owner, s_add_ns, d, NULL);
+            Py_DECREF(d);
+            if (!r) goto done_;
+            Py_DECREF(r);
+        }
+    }
+    {
+        /* Past the store's capacity rows are counted, not kept (as SpanStore.extend). */
+        Py_ssize_t capacity = attr_ssize(store, s_capacity);
+        if (capacity == -1 && PyErr_Occurred()) goto done_;
+        PyObject *starts = PyObject_GetAttr(store, s_cols[2]);
+        if (!starts) goto done_;
+        Py_ssize_t have = PyObject_Size(starts);
+        Py_DECREF(starts);
+        if (have < 0) goto done_;
+        Py_ssize_t room = capacity - have > 0 ? capacity - have : 0;
+        Py_ssize_t keep = nrows < room ? nrows : room;
+        if (nrows > keep) {
+            Py_ssize_t dropped = attr_ssize(store, s_dropped);
+            if (dropped == -1 && PyErr_Occurred()) goto done_;
+            PyObject *v = PyLong_FromSsize_t(dropped + nrows - keep);
+            if (!v) goto done_;
+            int r = PyObject_SetAttr(store, s_dropped, v);
+            Py_DECREF(v);
+            if (r < 0) goto done_;
+        }
+        PyObject *index = PyObject_GetAttr(store, s_name_index);
+        PyObject *namelist = index ? PyObject_GetAttr(store, s_names) : NULL;
+        if (!namelist) { Py_XDECREF(index); goto done_; }
+        long *cn = PyMem_Malloc(sizeof(long) * 2 * (size_t)(keep ? keep : 1));
+        long long *cq = PyMem_Malloc(sizeof(long long) * 4 * (size_t)(keep ? keep : 1));
+        int bad = !cn || !cq || !PyDict_Check(index) || !PyList_Check(namelist);
+        if (!cn || !cq) PyErr_NoMemory();
+        else if (bad) PyErr_SetString(PyExc_TypeError, "resolve: the store's names are not a list and a dict");
+        for (Py_ssize_t j = 0; !bad && j < keep; j++) {
+            PyObject *ix = PyDict_GetItemWithError(index, names[j]);
+            if (ix) {
+                cn[j] = PyLong_AsLong(ix);
+            } else if (PyErr_Occurred()) {
+                bad = 1;
+                break;
+            } else {
+                Py_ssize_t k = PyList_Size(namelist);
+                PyObject *kv = PyLong_FromSsize_t(k);
+                if (!kv || PyDict_SetItem(index, names[j], kv) < 0 || PyList_Append(namelist, names[j]) < 0) bad = 1;
+                Py_XDECREF(kv);
+                cn[j] = (long)k;
+            }
+            cn[keep + j] = rows[j].track;
+            cq[j] = rows[j].start;
+            cq[keep + j] = rows[j].end;
+            cq[2 * keep + j] = rows[j].id;
+            cq[3 * keep + j] = rows[j].parent;
+        }
+        Py_DECREF(index);
+        Py_DECREF(namelist);
+        if (!bad) {
+            bad = column_extend(store, s_cols[0], cn, sizeof(long), keep) < 0 ||
+                  column_extend(store, s_cols[1], cn + keep, sizeof(long), keep) < 0 ||
+                  column_extend(store, s_cols[2], cq, sizeof(long long), keep) < 0 ||
+                  column_extend(store, s_cols[3], cq + keep, sizeof(long long), keep) < 0 ||
+                  column_extend(store, s_cols[4], cq + 2 * keep, sizeof(long long), keep) < 0 ||
+                  column_extend(store, s_cols[5], cq + 3 * keep, sizeof(long long), keep) < 0;
+        }
+        PyMem_Free(cn);
+        PyMem_Free(cq);
+        if (bad) goto done_;
+        if (keep) {
+            PyObject *sargs = PyObject_GetAttr(store, s_args_attr);
+            if (!sargs) goto done_;
+            PyObject *part = PyList_GetSlice(argl, 0, keep);
+            int r = part ? PyList_SetSlice(sargs, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, part) : -1;
+            Py_XDECREF(part);
+            Py_DECREF(sargs);
+            if (r < 0) goto done_;
+        }
+    }
+    result = Py_NewRef(later);
+    goto done_;
+not_mine:
+    result = Py_NewRef(Py_NotImplemented);
+done_:
+    if (have_last_id) {
+        /* Always written back: ids given before an error stay given. */
+        PyObject *exc_type, *exc_value, *exc_tb;
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+        PyObject *v = PyLong_FromLongLong(last_id);
+        if (!v || PyObject_SetAttr(store, s_last_id, v) < 0) Py_CLEAR(result);
+        Py_XDECREF(v);
+        if (exc_type) PyErr_Restore(exc_type, exc_value, exc_tb);
+    }
+    if (names)
+        for (Py_ssize_t j = 0; j < nrows; j++) Py_XDECREF(names[j]);
+    PyMem_Free(names);
+    PyMem_Free(rows);
+    PyMem_Free(dev_of);
+    PyMem_Free(track_of);
+    Py_XDECREF(last_tl);
+    Py_XDECREF(last_pool);
+    Py_XDECREF(later);
+    Py_XDECREF(argl);
+    Py_XDECREF(extent);
+    return result;
+}
+
 static PyMethodDef hot_methods[] = {
     {"layout", hot_layout, METH_VARARGS, layout_doc},
+    {"resolve", hot_resolve, METH_VARARGS, resolve_doc},
     {"encode_events", hot_encode_events, METH_VARARGS, encode_events_doc},
     {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
     {"bind", hot_bind, METH_VARARGS, bind_doc},
@@ -822,6 +1173,24 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_stream = PyUnicode_InternFromString("stream");
     s_device = PyUnicode_InternFromString("device");
     s_name = PyUnicode_InternFromString("__name__");
+    s_index = PyUnicode_InternFromString("index");
+    s_names = PyUnicode_InternFromString("names");
+    s_name_index = PyUnicode_InternFromString("_name_index");
+    s_last_id = PyUnicode_InternFromString("_last_id");
+    s_capacity = PyUnicode_InternFromString("capacity");
+    s_dropped = PyUnicode_InternFromString("dropped");
+    s_child_extent = PyUnicode_InternFromString("child_extent");
+    s_locate = PyUnicode_InternFromString("locate");
+    s_to_host_ns = PyUnicode_InternFromString("to_host_ns");
+    s_add_ns = PyUnicode_InternFromString("add_ns");
+    s_error = PyUnicode_InternFromString("error");
+    s_frombytes = PyUnicode_InternFromString("frombytes");
+    s_args_attr = PyUnicode_InternFromString("args");
+    {
+        static const char *cols[6] = {"name", "track", "start", "end", "id", "parent"};
+        for (int i = 0; i < 6; i++)
+            if (!(s_cols[i] = PyUnicode_InternFromString(cols[i]))) goto fail;
+    }
     SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);
     if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) goto fail;
     StateType = (PyTypeObject *)PyType_FromSpec(&State_spec);

@@ -3,7 +3,9 @@
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from gputrace.clock import DeviceTimeline
 from gputrace.record import HotState, Track, _Stack
+from gputrace.resolve import SpanStore
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -65,3 +67,12 @@ def encode_events(
 def layout(
     track_idx: list[int], starts: list[int], ends: list[int], ntracks: int, /
 ) -> tuple[list[int], list[int]]: ...
+def resolve(
+    done: list[Any],
+    offset: int,
+    store: SpanStore,
+    timelines: list[DeviceTimeline],
+    pools: list[list[Any]],
+    rounding_ns: int,
+    /,
+) -> list[Any]: ...

@@ -8,6 +8,7 @@ to their device's pool, and the spans that must wait for a newer anchor.
 
 from __future__ import annotations
 
+import os
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,25 @@ def resolve(
     pools: list[list[Any]],
 ) -> list[Span]:
     """Append every span of `done` to `store`; return those whose events lie after the newest
-    anchor of their device (they resolve at a later flush)."""
+    anchor of their device (they resolve at a later flush).
+
+    The C build does this in one loop for spans of its own type (the ones the C hot path makes);
+    `resolve_py` is the reference, and resolves any other span (a snapshot's copies)."""
+    if _resolve_c is not None:
+        later = _resolve_c(done, clock.epoch_offset_ns, store, timelines, pools, ROUNDING_NS)
+        if later is not NotImplemented:
+            return later  # type: ignore[no-any-return]
+    return resolve_py(done, timelines, clock, store, pools)
+
+
+def resolve_py(
+    done: list[Span],
+    timelines: list[DeviceTimeline],
+    clock: HostClock,
+    store: SpanStore,
+    pools: list[list[Any]],
+) -> list[Span]:
+    """`resolve` in Python: the reference for the C loop, and the path for every other span."""
     later: list[Span] = []
     offset = clock.epoch_offset_ns
     names: list[str] = []
@@ -168,3 +187,11 @@ def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, 
 
 
 ROUNDING_NS = 1_000
+
+
+try:  # the C loop for the C hot path's spans (same rows, ids and side effects as resolve_py)
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GPUTRACE_PURE_PYTHON is set")
+    from gputrace._hot import resolve as _resolve_c
+except ImportError:
+    _resolve_c = None
