@@ -129,12 +129,7 @@ class Session:
             rec = record.ACTIVE
             if rec is None:
                 device = None
-                if self.config.cuda:
-                    try:
-                        import torch
-                    except ImportError:  # looking at traces on a laptop: host spans only
-                        torch = None
-                    if torch is not None and torch.cuda.is_available():
+                if self.config.cuda and _cuda_available():
                         from gputrace.cuda import CudaDevice
 
                         device = CudaDevice()
@@ -494,6 +489,14 @@ class Session:
         elif callable(previous):
             previous(signum, frame)
         # SIG_IGN: ignored, as before
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # looking at traces on a laptop: host spans only
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _stream_class(fmt: str) -> Any:

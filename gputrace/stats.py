@@ -447,7 +447,7 @@ def _clock_notes(trace: Trace, ranks: list[int], rank_meta: dict[int, Any], alig
     hosts = set()
     for r in ranks:
         meta = rank_meta[r] if isinstance(rank_meta[r], dict) else {}
-        clock = meta.get("clock") if isinstance(meta.get("clock"), dict) else {}
+        clock: dict[str, Any] = meta["clock"] if isinstance(meta.get("clock"), dict) else {}
         if not clock.get("sync_to_rank0"):
             unsynced.append(r)
         hosts.add(meta.get("hostname"))

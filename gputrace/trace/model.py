@@ -244,4 +244,4 @@ class Trace:
 
 def unfinished_mask(trace: Trace) -> list[bool]:
     """Per span: was it still open when the trace was written (`args.unfinished`)?"""
-    return [bool(a) and bool(a.get("unfinished")) for a in trace.spans.args]
+    return [a is not None and bool(a.get("unfinished")) for a in trace.spans.args]
