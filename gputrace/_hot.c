@@ -778,6 +778,290 @@ done:
     return result;
 }
 
+/* ---- one piece of a recorder's spans: nesting and encoding from the columns ------------------ */
+
+static PyObject *s_tobytes;
+
+/* An array.array's items as bytes (one copy at C speed), checked to hold `itemsize`-byte items. */
+static PyObject *array_bytes(PyObject *arr, size_t itemsize, Py_ssize_t *n) {
+    PyObject *b = PyObject_CallMethodObjArgs(arr, s_tobytes, NULL);
+    if (!b) return NULL;
+    if (!PyBytes_Check(b) || PyBytes_Size(b) % (Py_ssize_t)itemsize) {
+        Py_DECREF(b);
+        PyErr_SetString(PyExc_TypeError, "a span column of an unexpected item size");
+        return NULL;
+    }
+    *n = PyBytes_Size(b) / (Py_ssize_t)itemsize;
+    return b;
+}
+
+typedef struct {
+    long long *s, *e;
+    Py_ssize_t n, cap;
+} Kept;
+
+static int kept_push(Kept *k, long long s, long long e) {
+    if (k->n == k->cap) {
+        Py_ssize_t cap = k->cap ? k->cap * 2 : 64;
+        long long *ns = PyMem_Realloc(k->s, sizeof(long long) * (size_t)cap);
+        if (!ns) { PyErr_NoMemory(); return -1; }
+        k->s = ns;
+        long long *ne = PyMem_Realloc(k->e, sizeof(long long) * (size_t)cap);
+        if (!ne) { PyErr_NoMemory(); return -1; }
+        k->e = ne;
+        k->cap = cap;
+    }
+    k->s[k->n] = s;
+    k->e[k->n] = e;
+    k->n++;
+    return 0;
+}
+
+static PyObject *ll_list(const long long *v, Py_ssize_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) { Py_DECREF(l); return NULL; }
+        PyList_SetItem(l, i, x);
+    }
+    return l;
+}
+
+PyDoc_STRVAR(nest_tracks_doc,
+             "nest_tracks($module, lanes, tracks, starts, ends, limit, /)\n--\n\n"
+             "Layout.place's one pass (chrome._nest_in_end_order) for every track of a piece at once, from\n"
+             "the columns (array.array 'l', 'q', 'q'). When every track's spans come in the order they ended\n"
+             "and nest, each track's lane 0 in `lanes` takes them and the tracks come back in first-seen\n"
+             "order; else None, and `lanes` is unchanged.");
+
+static PyObject *hot_nest_tracks(PyObject *self, PyObject *args) {
+    PyObject *lanes, *tracks_a, *starts_a, *ends_a;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "O!OOOn", &PyDict_Type, &lanes, &tracks_a, &starts_a, &ends_a, &limit)) return NULL;
+    if (limit < 1) { PyErr_SetString(PyExc_ValueError, "nest_tracks: limit must be positive"); return NULL; }
+    Py_ssize_t n, n1, n2;
+    PyObject *tb = array_bytes(tracks_a, sizeof(long), &n);
+    PyObject *sb = tb ? array_bytes(starts_a, sizeof(long long), &n1) : NULL;
+    PyObject *eb = sb ? array_bytes(ends_a, sizeof(long long), &n2) : NULL;
+    PyObject *result = NULL, *order = NULL;
+    Kept *kept = NULL;
+    Py_ssize_t *first = NULL, nt = 0, *next = NULL, *head = NULL, *tail = NULL;
+    long *tseen = NULL;
+    if (!eb) goto done;
+    if (n1 != n || n2 != n) { PyErr_SetString(PyExc_ValueError, "nest_tracks: columns of different lengths"); goto done; }
+    const long *tr = (const long *)PyBytes_AsString(tb);
+    const long long *st = (const long long *)PyBytes_AsString(sb);
+    const long long *en = (const long long *)PyBytes_AsString(eb);
+    long maxt = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tr[i] < 0) { PyErr_SetString(PyExc_ValueError, "nest_tracks: a negative track"); goto done; }
+        if (tr[i] > maxt) maxt = tr[i];
+    }
+    /* Rows of each track as a chain (next[i]), tracks in first-seen order. */
+    first = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(maxt + 2));
+    next = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    head = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    tail = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    tseen = PyMem_Malloc(sizeof(long) * (size_t)(n ? n : 1));
+    if (!first || !next || !head || !tail || !tseen) { PyErr_NoMemory(); goto done; }
+    for (long t = 0; t <= maxt; t++) first[t] = -1; /* track -> its slot in seen order */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t k = first[tr[i]];
+        next[i] = -1;
+        if (k < 0) {
+            k = first[tr[i]] = nt++;
+            tseen[k] = tr[i];
+            head[k] = i;
+        } else {
+            next[tail[k]] = i;
+        }
+        tail[k] = i;
+    }
+    kept = PyMem_Calloc((size_t)(nt ? nt : 1), sizeof(Kept));
+    if (!kept) { PyErr_NoMemory(); goto done; }
+    int nested = 1;
+    for (Py_ssize_t k = 0; k < nt && nested; k++) {
+        Kept *kp = &kept[k];
+        PyObject *key = PyLong_FromLong(tseen[k]);
+        if (!key) goto done;
+        PyObject *tl = PyDict_GetItemWithError(lanes, key); /* borrowed */
+        Py_DECREF(key);
+        if (!tl && PyErr_Occurred()) goto done;
+        if (tl && PyList_Check(tl) && PyList_Size(tl) > 0) {
+            PyObject *lane0 = PyList_GetItem(tl, 0);
+            PyObject *ks = PyTuple_Check(lane0) && PyTuple_Size(lane0) == 2 ? PyTuple_GetItem(lane0, 0) : NULL;
+            PyObject *ke = ks ? PyTuple_GetItem(lane0, 1) : NULL;
+            if (!ke || !PyList_Check(ks) || !PyList_Check(ke) || PyList_Size(ks) != PyList_Size(ke)) {
+                PyErr_SetString(PyExc_TypeError, "nest_tracks: a lane is not (starts, ends) lists");
+                goto done;
+            }
+            for (Py_ssize_t j = 0; j < PyList_Size(ks); j++) {
+                long long a = PyLong_AsLongLong(PyList_GetItem(ks, j)), b = PyLong_AsLongLong(PyList_GetItem(ke, j));
+                if (PyErr_Occurred() || kept_push(kp, a, b) < 0) goto done;
+            }
+        } else if (tl && !PyList_Check(tl)) {
+            PyErr_SetString(PyExc_TypeError, "nest_tracks: a track's lanes are not a list");
+            goto done;
+        }
+        int have_last = kp->n > 0;
+        long long last = have_last ? kp->e[kp->n - 1] : 0;
+        for (Py_ssize_t i = head[k]; i >= 0; i = next[i]) {
+            long long s = st[i], e = en[i];
+            if (have_last && e < last) { nested = 0; break; }
+            last = e;
+            have_last = 1;
+            while (kp->n && kp->s[kp->n - 1] >= s) kp->n--;
+            if (kp->n && kp->e[kp->n - 1] > s) { nested = 0; break; }
+            if (kept_push(kp, s, e) < 0) goto done;
+        }
+        if (nested && kp->n > limit) { /* join the oldest into one (see Layout) */
+            Py_ssize_t j = kp->n - limit + 1;
+            kp->e[0] = kp->e[j - 1];
+            memmove(kp->s + 1, kp->s + j, sizeof(long long) * (size_t)(kp->n - j));
+            memmove(kp->e + 1, kp->e + j, sizeof(long long) * (size_t)(kp->n - j));
+            kp->n -= j - 1;
+        }
+    }
+    if (!nested) { result = Py_NewRef(Py_None); goto done; }
+    if (!(order = PyList_New(nt))) goto done;
+    for (Py_ssize_t k = 0; k < nt; k++) {
+        PyObject *key = PyLong_FromLong(tseen[k]);
+        if (!key) goto done;
+        PyList_SetItem(order, k, key); /* steals; borrowed below */
+    }
+    for (Py_ssize_t k = 0; k < nt; k++) { /* commit: nothing above changed `lanes` */
+        PyObject *key = PyList_GetItem(order, k);
+        PyObject *ks = ll_list(kept[k].s, kept[k].n), *ke = ks ? ll_list(kept[k].e, kept[k].n) : NULL;
+        PyObject *lane0 = ke ? PyTuple_Pack(2, ks, ke) : NULL;
+        Py_XDECREF(ks);
+        Py_XDECREF(ke);
+        if (!lane0) goto done;
+        PyObject *tl = PyDict_GetItemWithError(lanes, key);
+        int r;
+        if (!tl) {
+            if (PyErr_Occurred()) { Py_DECREF(lane0); goto done; }
+            PyObject *l = PyList_New(1);
+            if (!l) { Py_DECREF(lane0); goto done; }
+            PyList_SetItem(l, 0, lane0); /* steals */
+            r = PyDict_SetItem(lanes, key, l);
+            Py_DECREF(l);
+        } else if (PyList_Size(tl) == 0) {
+            r = PyList_Append(tl, lane0);
+            Py_DECREF(lane0);
+        } else {
+            r = PyList_SetItem(tl, 0, lane0); /* steals */
+        }
+        if (r < 0) goto done;
+    }
+    result = Py_NewRef(order);
+done:
+    if (kept)
+        for (Py_ssize_t k = 0; k < nt; k++) { PyMem_Free(kept[k].s); PyMem_Free(kept[k].e); }
+    PyMem_Free(kept);
+    PyMem_Free(first);
+    PyMem_Free(next);
+    PyMem_Free(head);
+    PyMem_Free(tail);
+    PyMem_Free(tseen);
+    Py_XDECREF(order);
+    Py_XDECREF(tb);
+    Py_XDECREF(sb);
+    Py_XDECREF(eb);
+    return result;
+}
+
+/* Args JSON as the event loop writes it: `},{"ph"` (an event boundary to the line splitter) gets
+ * the same newline the encoder's callers give it everywhere else. */
+static int put_args(Buf *b, PyObject *a) {
+    char *data;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(a, &data, &n) < 0) return -1;
+    static const char pat[] = "},{\"ph\"";
+    const Py_ssize_t pn = (Py_ssize_t)sizeof(pat) - 1;
+    Py_ssize_t from = 0;
+    for (Py_ssize_t i = 0; i + pn <= n; i++) {
+        if (data[i] == '}' && memcmp(data + i, pat, (size_t)pn) == 0) {
+            if (buf_put(b, data + from, (size_t)(i + 2 - from)) < 0 || buf_put(b, "\n", 1) < 0) return -1;
+            from = i + 2;
+            i += pn - 1;
+        }
+    }
+    return buf_put(b, data + from, (size_t)(n - from));
+}
+
+PyDoc_STRVAR(encode_rows_doc,
+             "encode_rows($module, name_json, names, tracks, starts, ends, args, dump, tids, cats, pid, base, /)\n"
+             "--\n\n"
+             "The X events of one piece whose spans all lie on lane 0 of their track, from the columns\n"
+             "(array.array 'l', 'l', 'q', 'q'; `args` a list): each event followed by `,\\n`. `tids` and\n"
+             "`cats` are indexed by track; `dump(args)` gives an args dict's JSON.");
+
+static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
+    PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *tids, *cats;
+    long long pid, base;
+    if (!PyArg_ParseTuple(args, "O!OOOOO!OO!O!LL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
+                          &PyList_Type, &argl, &dump, &PyList_Type, &tids, &PyList_Type, &cats, &pid, &base))
+        return NULL;
+    Py_ssize_t n, n0, n1, n2;
+    PyObject *nb = array_bytes(names_a, sizeof(long), &n0);
+    PyObject *tb = nb ? array_bytes(tracks_a, sizeof(long), &n) : NULL;
+    PyObject *sb = tb ? array_bytes(starts_a, sizeof(long long), &n1) : NULL;
+    PyObject *eb = sb ? array_bytes(ends_a, sizeof(long long), &n2) : NULL;
+    PyObject *result = NULL;
+    Buf b = {NULL, 0, 0};
+    if (!eb) goto done;
+    if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n) {
+        PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
+        goto done;
+    }
+    const long *nm = (const long *)PyBytes_AsString(nb);
+    const long *tr = (const long *)PyBytes_AsString(tb);
+    const long long *st = (const long long *)PyBytes_AsString(sb);
+    const long long *en = (const long long *)PyBytes_AsString(eb);
+    Py_ssize_t ntr = PyList_Size(tids), nnames = PyList_Size(name_json);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long ts = st[i] - base, dur = en[i] - st[i];
+        if (ts < 0 || dur < 0) {
+            PyErr_SetString(PyExc_ValueError, "a span starts before the trace's base or ends before it starts");
+            goto done;
+        }
+        if (tr[i] < 0 || tr[i] >= ntr || tr[i] >= PyList_Size(cats) || nm[i] < 0 || nm[i] >= nnames) {
+            PyErr_SetString(PyExc_ValueError, "encode_rows: a track or name index out of range");
+            goto done;
+        }
+        long long tid = PyLong_AsLongLong(PyList_GetItem(tids, tr[i]));
+        if (tid == -1 && PyErr_Occurred()) goto done;
+        PyObject *cat = PyList_GetItem(cats, tr[i]);
+        if (PUT_LIT(&b, "{\"ph\":\"X\",\"cat\":") < 0 || buf_bytes(&b, cat) < 0 || PUT_LIT(&b, ",\"name\":") < 0 ||
+            buf_bytes(&b, PyList_GetItem(name_json, nm[i])) < 0 || PUT_LIT(&b, ",\"pid\":") < 0 ||
+            put_u(&b, (unsigned long long)pid) < 0 || PUT_LIT(&b, ",\"tid\":") < 0 ||
+            put_u(&b, (unsigned long long)tid) < 0 || PUT_LIT(&b, ",\"ts\":") < 0 ||
+            put_us(&b, (unsigned long long)ts) < 0 || PUT_LIT(&b, ",\"dur\":") < 0 ||
+            put_us(&b, (unsigned long long)dur) < 0)
+            goto done;
+        PyObject *a = PyList_GetItem(argl, i);
+        int truthy = a == Py_None ? 0 : PyObject_IsTrue(a);
+        if (truthy < 0) goto done;
+        if (truthy) {
+            PyObject *j = PyObject_CallFunctionObjArgs(dump, a, NULL);
+            if (!j) goto done;
+            int r = PUT_LIT(&b, ",\"args\":") < 0 || put_args(&b, j) < 0;
+            Py_DECREF(j);
+            if (r) goto done;
+        }
+        if (PUT_LIT(&b, "},\n") < 0) goto done;
+    }
+    result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
+done:
+    PyMem_Free(b.p);
+    Py_XDECREF(nb);
+    Py_XDECREF(tb);
+    Py_XDECREF(sb);
+    Py_XDECREF(eb);
+    return result;
+}
+
 /* ---- resolving closed spans into a store's columns ---------------------------------------- */
 
 /* The same logic as resolve.resolve (the reference, which also serves every case this does not):
@@ -1131,6 +1415,8 @@ done_:
 static PyMethodDef hot_methods[] = {
     {"layout", hot_layout, METH_VARARGS, layout_doc},
     {"resolve", hot_resolve, METH_VARARGS, resolve_doc},
+    {"nest_tracks", hot_nest_tracks, METH_VARARGS, nest_tracks_doc},
+    {"encode_rows", hot_encode_rows, METH_VARARGS, encode_rows_doc},
     {"encode_events", hot_encode_events, METH_VARARGS, encode_events_doc},
     {"span", (PyCFunction)(void (*)(void))hot_span, METH_FASTCALL | METH_KEYWORDS, span_doc},
     {"bind", hot_bind, METH_VARARGS, bind_doc},
@@ -1174,6 +1460,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_device = PyUnicode_InternFromString("device");
     s_name = PyUnicode_InternFromString("__name__");
     s_index = PyUnicode_InternFromString("index");
+    s_tobytes = PyUnicode_InternFromString("tobytes");
     s_names = PyUnicode_InternFromString("names");
     s_name_index = PyUnicode_InternFromString("_name_index");
     s_last_id = PyUnicode_InternFromString("_last_id");

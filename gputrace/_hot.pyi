@@ -1,5 +1,6 @@
 """The C hot path (`_hot.c`). Its Python twin, and the state both read, are in `record.py`."""
 
+from array import array
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -76,3 +77,25 @@ def resolve(
     rounding_ns: int,
     /,
 ) -> list[Any]: ...
+def nest_tracks(
+    lanes: dict[int, list[tuple[list[int], list[int]]]],
+    tracks: array[int],
+    starts: array[int],
+    ends: array[int],
+    limit: int,
+    /,
+) -> list[int] | None: ...
+def encode_rows(
+    name_json: list[bytes],
+    names: array[int],
+    tracks: array[int],
+    starts: array[int],
+    ends: array[int],
+    args: list[dict[str, Any] | None],
+    dump: Callable[[dict[str, Any]], bytes],
+    tids: list[int],
+    cats: list[bytes],
+    pid: int,
+    base: int,
+    /,
+) -> bytes: ...

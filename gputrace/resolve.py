@@ -103,7 +103,7 @@ def resolve(
     if _resolve_c is not None:
         later = _resolve_c(done, clock.epoch_offset_ns, store, timelines, pools, ROUNDING_NS)
         if later is not NotImplemented:
-            return later  # type: ignore[no-any-return]
+            return later
     return resolve_py(done, timelines, clock, store, pools)
 
 
@@ -194,4 +194,4 @@ try:  # the C loop for the C hot path's spans (same rows, ids and side effects a
         raise ImportError("GPUTRACE_PURE_PYTHON is set")
     from gputrace._hot import resolve as _resolve_c
 except ImportError:
-    _resolve_c = None
+    _resolve_c = None  # type: ignore[assignment]

@@ -4,6 +4,7 @@ the children's extents, dropped counts and the events handed back must all be eq
 from __future__ import annotations
 
 import random
+from array import array
 from typing import Any
 
 import pytest
@@ -98,3 +99,106 @@ def test_spans_of_another_type_go_to_the_python_loop() -> None:
         s.stack, s.parent, s.t0, s.t1 = c.stack, None, c.t0, c.t0
     assert resolve._resolve_c([s], 0, rec.store, rec.timelines, rec.pools, 0) is NotImplemented
     assert len(rec.store) == 0
+
+
+def random_trace(seed: int, n: int, cross: float = 0.03) -> Any:
+    """One process's spans in the columns a recorder's store makes (no cats), in the order they
+    ended per track, mostly nested, some crossing; args of every kind the writer meets."""
+    from gputrace.trace.model import Process, SpanColumns, Trace, Track
+
+    rng = random.Random(seed)
+    trace = Trace({})
+    p = trace.add_process(Process(1, 0, "rank 0", 0))
+    for k in range(4):
+        trace.add_track(Track(p, k, f"t{k}", "cuda" if k < 2 else "cpu", 0 if k < 2 else None, k))
+    rows = []
+    for k in range(4):
+        t = 1_000_000 + rng.randrange(1000)
+        for _ in range(n // 4):
+            t += rng.randrange(0, 5000)
+            s, d = t, rng.randrange(0, 3000)
+            rows.append((s + d, k, s))
+            t += d
+            if rng.random() < 0.5:  # a child, or now and then a span crossing the last
+                c = s + rng.randrange(0, max(1, d))
+                e = min(s + d, c + rng.randrange(0, 1000)) if rng.random() >= cross else s + d + 500
+                rows.append((e, k, c))
+    rows.sort(key=lambda r: (r[1], r[0]))  # per track in end order; the tracks interleave below
+    rng.shuffle(rows)
+    rows.sort(key=lambda r: r[0])
+    weird = [
+        None,
+        {},
+        {"i": 3},
+        {"a": [{}, {"ph": 1}]},  # an event boundary inside args
+        {"x": float("nan"), "o": object()},
+        {1: "non-str key"},  # orjson refuses: every args of the piece goes through dumps
+        {"s": 'caf\u00e9 \\ " },{"ph"'},
+    ]
+    sp = SpanColumns.wrap(*(array(c) for c in ("l", "l", "q", "q")), [])
+    for e, k, s in rows:
+        sp.name.append(trace.intern(f"n{rng.randrange(5)}"))
+        sp.track.append(k)
+        sp.start.append(s)
+        sp.end.append(e)
+        sp.args.append(rng.choice(weird) if rng.random() < 0.2 else None)
+    sp.cat = type(sp.cat)(len(sp.start))
+    trace.spans = sp
+    return trace
+
+
+def encodings(trace: Any, pieces: int) -> tuple[bytes, bytes]:
+    """The trace written whole, and streamed in `pieces` appends."""
+    import os
+    import tempfile
+
+    from gputrace.trace import chrome
+
+    whole = chrome.encode(trace, ordered=True)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s.json")
+        w = chrome.StreamWriter(path, 0, trace.processes[0], {})
+        n = len(trace.spans)
+        cuts = sorted({0, n, *random.Random(n).sample(range(n), pieces - 1)})
+        for a, b in zip(cuts, cuts[1:]):
+            w.append(trace, range(a, b))
+        with open(path, "rb") as f:
+            streamed = f.read()
+        w.abandon()
+    return whole, streamed
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_c_layout_and_encoder_write_what_the_python_ones_write(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrace.trace import chrome
+
+    if chrome._encode_rows is None:
+        pytest.skip("the C encoder is not built or not in use")
+    trace = random_trace(seed, 4000)
+    for pieces in (1, 7):
+        c = encodings(trace, pieces)
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "_encode_rows", None)
+            m.setattr(chrome, "_nest_tracks", None)
+            py = encodings(trace, pieces)
+        assert c == py
+    assert b"(overflow 1)" in c[0]  # the crossing spans took the general layout
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nested_pieces_take_the_c_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputrace.trace import chrome
+
+    if chrome._encode_rows is None:
+        pytest.skip("the C encoder is not built or not in use")
+    calls: list[int] = []
+    real = chrome._encode_rows
+    trace = random_trace(seed, 3000, cross=0)
+    with monkeypatch.context() as m:
+        m.setattr(chrome, "_encode_rows", lambda *a: calls.append(1) or real(*a))
+        c = encodings(trace, 5)
+    assert len(calls) >= 6  # the whole trace, and each of the 5 appends (twice where orjson refuses args)
+    with monkeypatch.context() as m:
+        m.setattr(chrome, "_encode_rows", None)
+        m.setattr(chrome, "_nest_tracks", None)
+        assert c == encodings(trace, 5)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -40,7 +41,14 @@ try:  # the C encoder of span events (same output as the Python loop below)
         raise ImportError("GPUTRACE_PURE_PYTHON is set")
     from gputrace._hot import encode_events as _encode_events
 except ImportError:
-    _encode_events = None
+    _encode_events = None  # type: ignore[assignment]
+try:  # the C layout and encoder of a piece of a recorder's columns (same lanes and bytes again)
+    if _encode_events is None:
+        raise ImportError("no C encoder")
+    from gputrace._hot import encode_rows as _encode_rows
+    from gputrace._hot import nest_tracks as _nest_tracks
+except ImportError:
+    _encode_rows = _nest_tracks = None  # type: ignore[assignment]
 
 # ---- reading ------------------------------------------------------------------------------------
 
@@ -175,8 +183,8 @@ def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[
 
 
 def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
-    meta = header.get("metadata") if isinstance(header.get("metadata"), dict) else {}
-    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    meta: dict[str, Any] = header["metadata"] if isinstance(header.get("metadata"), dict) else {}
+    info: dict[str, Any] = header["distributedInfo"] if isinstance(header.get("distributedInfo"), dict) else {}
     base = header.get("baseTimeNanoseconds", 0)
     if isinstance(base, bool) or not isinstance(base, int):
         if isinstance(base, float) and base.is_integer():
@@ -200,14 +208,15 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
         for pid, r in (meta.get("pid_rank") or {}).items():
             pid_rank[_pid_key(pid)] = int(r)
         foreign_pids = {_pid_key(p) for p in meta.get("foreign_pids") or ()}
-    rank_meta = meta.get("rank_metadata") if merged and isinstance(meta.get("rank_metadata"), dict) else {}
+    rank_meta: dict[str, Any] = meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
 
     proc_name: dict[Any, str] = {}
     proc_sort: dict[Any, int] = {}
     thread_name: dict[tuple[Any, Any], str] = {}
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M":
-            n, a = e.get("name"), e.get("args") if isinstance(e.get("args"), dict) else {}
+            n = e.get("name")
+            a: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
             if n == "process_name":
                 proc_name[e.get("pid")] = str(a.get("name", ""))
             elif n == "process_sort_index" and isinstance(a.get("sort_index"), int):
@@ -268,13 +277,13 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             except (KeyError, TypeError, ValueError, OverflowError):
                 continue  # validate reports it; readers skip what they cannot place
             cat = e.get("cat")
-            a = e.get("args")
+            xa = e.get("args")
             spans.append(
                 intern(str(e.get("name", ""))),
                 track_of(e.get("pid"), e.get("tid"), cat),
                 start,
                 end,
-                a if isinstance(a, dict) and a else None,
+                xa if isinstance(xa, dict) and xa else None,
                 cat if isinstance(cat, str) and cat not in ("cuda", "cpu") else None,
             )
         elif ph == "M":
@@ -295,11 +304,11 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 ts = base + round(e["ts"] * 1000)
             except (KeyError, TypeError, ValueError, OverflowError):
                 continue
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            for key, value in args.items():
+            cargs: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
+            for series, value in cargs.items():
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
-                name = f"{e.get('name', '')} {key}"
+                name = f"{e.get('name', '')} {series}"
                 ck = (e.get("pid"), name)
                 t = counter_tracks.get(ck)
                 if t is None:
@@ -413,6 +422,10 @@ class Layout:
 
     def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
         """The lane of each span of this piece."""
+        if self.fast_path and _nest_tracks is not None and _is_columns(tracks, starts, ends):
+            # The usual case in C, every track at once; it changes nothing unless all nest.
+            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:  # type: ignore[arg-type]
+                return [0] * len(starts)
         by_track: dict[int, list[int]] = {}
         for i, t in enumerate(tracks):
             by_track.setdefault(t, []).append(i)
@@ -462,6 +475,18 @@ class Layout:
         """Does [s, e) nest with the spans kept for `lane` (those of earlier pieces)? A method, so
         a format with stricter rules can add them (Perfetto's begin/end events)."""
         return _fits(lane, s, e)
+
+
+def _is_columns(tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> bool:
+    """Are these a piece of a `SpanColumns`' arrays (what the C layout and encoder read)?"""
+    return (
+        type(tracks) is array
+        and type(starts) is array
+        and type(ends) is array
+        and tracks.typecode == "l"
+        and starts.typecode == "q"
+        and ends.typecode == "q"
+    )
 
 
 def _nest_in_end_order(
@@ -581,6 +606,15 @@ def encode_spans(
     if not rows:
         return
     sp = trace.spans
+    if _encode_rows is not None and type(rows) is range and rows.step == 1 and isinstance(sp.cat, _NoCats):
+        lo, hi = rows.start, rows.stop
+        starts_a, ends_a, tracks_a = sp.start[lo:hi], sp.end[lo:hi], sp.track[lo:hi]  # copies at C speed
+        if _is_columns(tracks_a, starts_a, ends_a):
+            if lanes is None:
+                lanes = writer.layout.place(tracks_a, starts_a, ends_a)
+            if not any(lanes):  # every span on its track itself: encode from the columns in C
+                _encode_piece(trace, writer, base_ns, out, lo, hi, tracks_a, starts_a, ends_a)
+                return
     starts = [sp.start[i] for i in rows]
     ends = [sp.end[i] for i in rows]
     tracks = [sp.track[i] for i in rows]
@@ -647,6 +681,45 @@ def encode_spans(
             )
         )
     out.append(b"".join(lines))
+
+
+def _encode_piece(
+    trace: Trace,
+    writer: ProcessWriter,
+    base_ns: int,
+    out: list[bytes],
+    lo: int,
+    hi: int,
+    tracks: array[int],
+    starts: array[int],
+    ends: array[int],
+) -> None:
+    """`encode_spans` for spans `lo:hi` that all lie on lane 0 of their tracks, in C from the
+    columns: the same bytes as the loops there."""
+    sp = trace.spans
+    meta: list[bytes] = []
+    tids = [0] * len(trace.tracks)
+    cats = [b'"cpu"'] * len(trace.tracks)
+    for t in dict.fromkeys(tracks):  # the piece's tracks, first-seen order
+        tids[t] = writer.tid(trace, t, 0, meta)
+        if trace.tracks[t].kind == "cuda":
+            cats[t] = b'"cuda"'
+    out.extend(meta)
+    names = trace.names
+    name_json = writer.name_json
+    while len(name_json) < len(names):
+        name_json.append(dumps(names[len(name_json)]))
+    args = sp.args[lo:hi]
+    enc = (name_json, sp.name[lo:hi], tracks, starts, ends, args)
+    try:  # as _args_json: orjson for every args dict, or the cleaning dumps for all when one fails
+        body = _encode_rows(*enc, _orjson_args, tids, cats, writer.pid, base_ns)
+    except (TypeError, orjson.JSONEncodeError):
+        body = _encode_rows(*enc, dumps, tids, cats, writer.pid, base_ns)
+    out.append(body)
+
+
+def _orjson_args(a: dict[str, Any]) -> bytes:
+    return orjson.dumps(a, default=repr)
 
 
 def _args_json(args: list[dict[str, Any] | None]) -> list[bytes | None]:
@@ -768,6 +841,9 @@ def layout_pieces(
 
 def _place(trace: Trace, rows: Sequence[int], writer: ProcessWriter) -> list[int]:
     sp = trace.spans
+    if type(rows) is range and rows.step == 1:  # slices of the columns, which the C layout reads
+        lo, hi = rows.start, rows.stop
+        return writer.layout.place(sp.track[lo:hi], sp.start[lo:hi], sp.end[lo:hi])
     return writer.layout.place([sp.track[i] for i in rows], [sp.start[i] for i in rows], [sp.end[i] for i in rows])
 
 
