@@ -527,10 +527,14 @@ class Recorder:
             n = len(self.pending) if limit is None else min(limit, len(self.pending))
             pending = self.pending[:n]
             del self.pending[:n]
-            done, waiting = _split_finished(pending) if not wait else (pending, [])
-            devices = {s.track.device for s in done} - {None}  # type: ignore[union-attr]
-            for dev in sorted(devices):  # type: ignore[type-var]
-                self._anchor(dev)  # type: ignore[arg-type]
+            devices: set[int] = set()
+            if self.device is None:  # host spans only: all finished, none needs an anchor
+                done, waiting = pending, []
+            else:
+                done, waiting = _split_finished(pending) if not wait else (pending, [])
+                devices = {s.stack.device for s in done} - {None}  # type: ignore[assignment]
+            for dev in sorted(devices):
+                self._anchor(dev)
             later = resolve(done, self.timelines, self.clock, self.store, self.pools)
             self.pending[:0] = later + waiting
             self._check_at = len(self.pending) + self.config.max_pending
