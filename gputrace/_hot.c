@@ -795,10 +795,46 @@ static PyObject *array_bytes(PyObject *arr, size_t itemsize, Py_ssize_t *n) {
     return b;
 }
 
+/* A lane's kept spans while a piece is placed: the first `m` of the lane's own lists (read only
+ * where the pass looks, at the top), then the ones this piece pushed. */
 typedef struct {
     long long *s, *e;
     Py_ssize_t n, cap;
+    PyObject *bs, *be; /* the lane's starts and ends lists (owned), or NULL */
+    Py_ssize_t m;
 } Kept;
+
+static int kept_top(Kept *k, int end, long long *out) {
+    if (k->n) {
+        *out = end ? k->e[k->n - 1] : k->s[k->n - 1];
+        return 0;
+    }
+    *out = PyLong_AsLongLong(PyList_GetItem(end ? k->be : k->bs, k->m - 1));
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Item i of the kept starts (end=0) or ends, as a new reference. */
+static PyObject *kept_item(Kept *k, int end, Py_ssize_t i) {
+    if (i < k->m) return Py_NewRef(PyList_GetItem(end ? k->be : k->bs, i));
+    return PyLong_FromLongLong(end ? k->e[i - k->m] : k->s[i - k->m]);
+}
+
+/* The lane's new list of kept starts or ends, the oldest joined past `limit` (as Layout). */
+static PyObject *kept_list(Kept *k, int end, Py_ssize_t limit) {
+    Py_ssize_t total = k->m + k->n, j = total > limit ? total - limit + 1 : 1;
+    Py_ssize_t len = total ? total - j + 1 : 0;
+    PyObject *l = PyList_New(len);
+    if (!l || !len) return l;
+    PyObject *first = kept_item(k, end, end ? j - 1 : 0);
+    if (!first) { Py_DECREF(l); return NULL; }
+    PyList_SetItem(l, 0, first);
+    for (Py_ssize_t i = j; i < total; i++) {
+        PyObject *x = kept_item(k, end, i);
+        if (!x) { Py_DECREF(l); return NULL; }
+        PyList_SetItem(l, i - j + 1, x);
+    }
+    return l;
+}
 
 static int kept_push(Kept *k, long long s, long long e) {
     if (k->n == k->cap) {
@@ -815,17 +851,6 @@ static int kept_push(Kept *k, long long s, long long e) {
     k->e[k->n] = e;
     k->n++;
     return 0;
-}
-
-static PyObject *ll_list(const long long *v, Py_ssize_t n) {
-    PyObject *l = PyList_New(n);
-    if (!l) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (!x) { Py_DECREF(l); return NULL; }
-        PyList_SetItem(l, i, x);
-    }
-    return l;
 }
 
 PyDoc_STRVAR(nest_tracks_doc,
@@ -896,31 +921,32 @@ static PyObject *hot_nest_tracks(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_TypeError, "nest_tracks: a lane is not (starts, ends) lists");
                 goto done;
             }
-            for (Py_ssize_t j = 0; j < PyList_Size(ks); j++) {
-                long long a = PyLong_AsLongLong(PyList_GetItem(ks, j)), b = PyLong_AsLongLong(PyList_GetItem(ke, j));
-                if (PyErr_Occurred() || kept_push(kp, a, b) < 0) goto done;
-            }
+            kp->bs = Py_NewRef(ks);
+            kp->be = Py_NewRef(ke);
+            kp->m = PyList_Size(ks);
         } else if (tl && !PyList_Check(tl)) {
             PyErr_SetString(PyExc_TypeError, "nest_tracks: a track's lanes are not a list");
             goto done;
         }
-        int have_last = kp->n > 0;
-        long long last = have_last ? kp->e[kp->n - 1] : 0;
+        int have_last = kp->m + kp->n > 0;
+        long long last = 0, top;
+        if (have_last && kept_top(kp, 1, &last) < 0) goto done;
         for (Py_ssize_t i = head[k]; i >= 0; i = next[i]) {
             long long s = st[i], e = en[i];
             if (have_last && e < last) { nested = 0; break; }
             last = e;
             have_last = 1;
-            while (kp->n && kp->s[kp->n - 1] >= s) kp->n--;
-            if (kp->n && kp->e[kp->n - 1] > s) { nested = 0; break; }
+            while (kp->m + kp->n) {
+                if (kept_top(kp, 0, &top) < 0) goto done;
+                if (top < s) break;
+                if (kp->n) kp->n--;
+                else kp->m--;
+            }
+            if (kp->m + kp->n) {
+                if (kept_top(kp, 1, &top) < 0) goto done;
+                if (top > s) { nested = 0; break; }
+            }
             if (kept_push(kp, s, e) < 0) goto done;
-        }
-        if (nested && kp->n > limit) { /* join the oldest into one (see Layout) */
-            Py_ssize_t j = kp->n - limit + 1;
-            kp->e[0] = kp->e[j - 1];
-            memmove(kp->s + 1, kp->s + j, sizeof(long long) * (size_t)(kp->n - j));
-            memmove(kp->e + 1, kp->e + j, sizeof(long long) * (size_t)(kp->n - j));
-            kp->n -= j - 1;
         }
     }
     if (!nested) { result = Py_NewRef(Py_None); goto done; }
@@ -932,7 +958,7 @@ static PyObject *hot_nest_tracks(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t k = 0; k < nt; k++) { /* commit: nothing above changed `lanes` */
         PyObject *key = PyList_GetItem(order, k);
-        PyObject *ks = ll_list(kept[k].s, kept[k].n), *ke = ks ? ll_list(kept[k].e, kept[k].n) : NULL;
+        PyObject *ks = kept_list(&kept[k], 0, limit), *ke = ks ? kept_list(&kept[k], 1, limit) : NULL;
         PyObject *lane0 = ke ? PyTuple_Pack(2, ks, ke) : NULL;
         Py_XDECREF(ks);
         Py_XDECREF(ke);
@@ -957,7 +983,12 @@ static PyObject *hot_nest_tracks(PyObject *self, PyObject *args) {
     result = Py_NewRef(order);
 done:
     if (kept)
-        for (Py_ssize_t k = 0; k < nt; k++) { PyMem_Free(kept[k].s); PyMem_Free(kept[k].e); }
+        for (Py_ssize_t k = 0; k < nt; k++) {
+            PyMem_Free(kept[k].s);
+            PyMem_Free(kept[k].e);
+            Py_XDECREF(kept[k].bs);
+            Py_XDECREF(kept[k].be);
+        }
     PyMem_Free(kept);
     PyMem_Free(first);
     PyMem_Free(next);
