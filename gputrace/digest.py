@@ -83,7 +83,7 @@ _DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.json$|\.digest\.json$")
 _TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
 #: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
 #: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.
-_BOUND = [math.ceil(2 ** (b / HIST_PER_OCTAVE)) for b in range(64 * HIST_PER_OCTAVE + 1)]
+_BOUND = [math.ceil(2 ** (b / HIST_PER_OCTAVE)) for b in range(62 * HIST_PER_OCTAVE + 1)]  # to 2^62 ns
 _KEY_BITS = 50  # durations below 2^50 ns (13 days) sort as name * 2^50 + duration
 _NAME_KEY = 1 << _KEY_BITS
 
@@ -108,8 +108,9 @@ def is_digest_path(path: str) -> bool:
 
 class Builder:
     """One rank's digest, fed chunk by chunk (`add`) in the order the spans are written.
-    Memory: the step and collective spans, one aggregate per (name, warm-up bucket), and the
-    spans of the first WARMUP_STEPS + 1 steps until those steps are known.
+    Memory: the step and collective spans, one aggregate per (name, warm-up bucket), the spans
+    of the first WARMUP_STEPS + 1 steps until those steps are known, and up to BATCH_SPANS
+    spans not yet worked through.
 
     Cost: it runs in the training process at every flush, so the per-span work is C loops
     (`map`, `compress`, one sort of integer keys); Python runs per name and per histogram
@@ -132,7 +133,7 @@ class Builder:
         self._buffer = (array("l"), array("l"), array("q"), array("q"))  # name, track, start, duration
         # name * _NB + warm-up bucket -> [count, total, min, max, start of the max, its track, histogram]
         self.aggs: dict[int, list[Any]] = {}
-        self._pending: dict[int, array[int]] = {}  # durations not yet in the histogram of aggs[key]
+        self._pending: dict[int, list[int]] = {}  # sort keys not yet in the histogram of aggs[key]
         self._pending_n = 0
         # Chunks not yet worked through: name, track (-1: not the rank's), start, end, args.
         self._batch: tuple[array[int], array[int], array[int], array[int], list[Any]] = (
@@ -189,14 +190,23 @@ class Builder:
         n = len(names)
         if not n:
             return
-        dur = list(map(sub, end, start))
+        np = _numpy()
+        cols: Any = None  # numpy's views of the columns, where numpy is there
+        if np is not None:
+            cols = N, T, S, E = [np.frombuffer(c, dtype=np.int64) for c in (names, tracks, start, end)]
+            D = E - S
+            dur: Sequence[int] = _Lazy(D)
+            foreign, inverted = bool(T.min() < 0), bool(D.min() < 0)
+        else:
+            dur = list(map(sub, end, start))
+            foreign, inverted = min(tracks) < 0, min(dur) < 0
 
         # Spans left out of the statistics: other tools' (track -1), inverted (merge drops them),
         # unfinished (the summary counts them apart). Rare, so found by exception.
         bad: set[int] = set()
-        if min(tracks) < 0:
+        if foreign:
             bad.update(compress(range(n), map((-1).__eq__, tracks)))
-        if min(dur) < 0:
+        if inverted:
             neg = [i for i in compress(range(n), map((0).__gt__, dur)) if i not in bad]
             self.negative += len(neg)
             bad.update(neg)
@@ -219,7 +229,10 @@ class Builder:
         # The rows: spans of row names, and the ones marked collective, in the order written
         # (ties between equal starts then break as they do in the trace).
         row_name = self._row_name
-        rows = list(compress(range(n), map(row_name.__getitem__, names)))
+        if cols is not None:
+            rows = np.flatnonzero(np.array(row_name, dtype=bool)[N]).tolist()
+        else:
+            rows = list(compress(range(n), map(row_name.__getitem__, names)))
         marked = [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
         if marked:
             rows = sorted(rows + marked)
@@ -252,11 +265,16 @@ class Builder:
                 self.split = -(1 << 62)
                 self._drain(self.aggs, _REST)
             return
-        if min(start) < self.split and any(early := list(map(self.split.__gt__, map(start.__getitem__, good)))):
+        first = int(S.min()) if cols is not None else min(start)
+        if first < self.split and any(early := list(map(self.split.__gt__, map(start.__getitem__, good)))):
             # Spans that began in the warm-up (an outer span closing late): each to its bucket.
             self._grouped(self.aggs, list(compress(good, early)), names, tracks, start, dur, None)
             good = list(compress(good, map(not_, early)))
-        if good:
+        if not good:
+            return
+        if cols is not None and int(D.max()) < 1 << _KEY_BITS:
+            self._sorted_np(np, np.asarray(good) if not isinstance(good, range) else None, N, T, S, D)
+        else:
             self._sorted(self.aggs, good, names, tracks, start, dur)
 
     def _bucket(self, t: int) -> int:
@@ -356,20 +374,53 @@ class Builder:
             if longest > a[3]:  # the first of the longest, in the order written
                 i = next(compress(good, map(and_, map(k.__eq__, ns), map(longest.__eq__, ds))))
                 a[3], a[4], a[5] = longest, start[i], tracks[i]
-            # The durations wait, sorted runs of them, to be counted into the histogram many at
-            # a time (Python then runs per bucket of many spans, not per span).
+            # The keys wait, in sorted runs, to be counted into the histogram many at a time
+            # (Python then runs per bucket of many spans, not per span).
             p = self._pending.get(key)
             if p is None:
-                p = self._pending[key] = array("q")
-            p.extend(map(sub, islice(keys, lo, hi), repeat(base)))
+                self._pending[key] = keys[lo:hi]
+            else:
+                p += islice(keys, lo, hi)
         self._pending_n += len(keys)
         if self._pending_n > PENDING_SPANS:
             self._fold()
 
+    def _sorted_np(self, np: Any, idx: Any, N: Any, T: Any, S: Any, D: Any) -> None:
+        """`_sorted` in numpy (the same aggregates to the last bit): rows `idx` (None: all)."""
+        if idx is not None:
+            N, T, S, D = N[idx], T[idx], S[idx], D[idx]
+        order = np.argsort(N, kind="stable")  # stable: a name's spans stay in the order written
+        ns, ds = N[order], D[order]
+        firsts = np.concatenate(([0], np.flatnonzero(np.diff(ns)) + 1))
+        ends = np.append(firsts[1:], len(ns))
+        totals = np.add.reduceat(ds, firsts)
+        least = np.minimum.reduceat(ds, firsts)
+        longest = np.maximum.reduceat(ds, firsts)
+        buckets = np.searchsorted(_bound_np(np), ds, side="right")  # bucket + 1, as bisect_right
+        pairs, counts = np.unique(ns * 4096 + buckets, return_counts=True)
+        aggs = self.aggs
+        for k, a0, a1, tot, lo, hi in zip(
+            ns[firsts].tolist(), firsts.tolist(), ends.tolist(), totals.tolist(), least.tolist(), longest.tolist()
+        ):
+            key = k * _NB + _REST
+            a = aggs.get(key)
+            if a is None:
+                a = aggs[key] = [0, 0, lo, -1, 0, 0, Counter()]
+            a[0] += a1 - a0
+            a[1] += tot
+            if lo < a[2]:
+                a[2] = lo
+            if hi > a[3]:  # the first of the longest, in the order written
+                i = int(order[a0 + int(np.argmax(ds[a0:a1]))])
+                a[3], a[4], a[5] = hi, int(S[i]), int(T[i])
+        for pair, c in zip(pairs.tolist(), counts.tolist()):
+            aggs[(pair >> 12) * _NB + _REST][6][(pair & 4095) - 1] += c
+
     def _fold(self) -> None:
         """The durations waiting into their names' histograms."""
         for key, p in self._pending.items():
-            _count_into(self.aggs[key][6], sorted(p))
+            p.sort()  # runs already sorted: a merge
+            _count_into(self.aggs[key][6], p, key // _NB * _NAME_KEY)
         self._pending = {}
         self._pending_n = 0
 
@@ -442,12 +493,63 @@ class Builder:
         }
 
 
-def _count_into(hist: Counter[int], ds: list[int]) -> None:
-    """Ascending durations `ds` into the histogram: one step per bucket that holds any."""
+_NUMPY: list[Any] = []
+
+
+def _numpy() -> Any:
+    """numpy when it can be imported (it makes the per-span work ~10x cheaper), else None: the
+    pure-Python path gives the same digest. GPUTRACE_PURE_PYTHON turns it off, as it turns off
+    gputrace's C code."""
+    if not _NUMPY:
+        np = None
+        if os.environ.get("GPUTRACE_PURE_PYTHON", "") in ("", "0"):
+            try:
+                import numpy as np
+            except ImportError:
+                np = None
+        _NUMPY.append(np)
+    return _NUMPY[0]
+
+
+_BOUND_NP: list[Any] = []
+
+
+def _bound_np(np: Any) -> Any:
+    if not _BOUND_NP:
+        _BOUND_NP.append(np.array(_BOUND, dtype=np.int64))
+    return _BOUND_NP[0]
+
+
+class _Lazy(Sequence[int]):
+    """A numpy column read as a Python sequence, turned into a list only when first read (the
+    numpy path reads durations by index only for the few spans of the warm-up)."""
+
+    def __init__(self, column: Any) -> None:
+        self._column = column
+        self._list: list[int] | None = None
+
+    def _get(self) -> list[int]:
+        if self._list is None:
+            self._list = self._column.tolist()
+        return self._list
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._column)
+
+    def __iter__(self) -> Any:
+        return iter(self._get())
+
+
+def _count_into(hist: Counter[int], ds: list[int], offset: int = 0) -> None:
+    """Ascending durations `ds` (each plus `offset`) into the histogram: one step per bucket
+    that holds any."""
     at, n = 0, len(ds)
     while at < n:
-        b = bisect_right(_BOUND, ds[at]) - 1
-        nxt = bisect_left(ds, _BOUND[b + 1], at)
+        b = min(bisect_right(_BOUND, ds[at] - offset), len(_BOUND) - 1) - 1
+        nxt = bisect_left(ds, offset + _BOUND[b + 1], at) if b + 2 < len(_BOUND) else n
         hist[b] += nxt - at
         at = nxt
 

@@ -218,13 +218,20 @@ def chunks(trace: Trace, size: int) -> list[Trace]:
     return out
 
 
-def test_small_batches_give_the_digest_of_the_whole_trace(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "pure-python"])
+def test_small_batches_give_the_digest_of_the_whole_trace(
+    job: Path, monkeypatch: pytest.MonkeyPatch, numpy: bool
+) -> None:
     """Fed in chunks and worked through a few spans at a time (steps arriving across batches,
     spans buffered until the warm-up steps are known, histograms folded many times), the digest
-    is the one made from the whole trace at once."""
+    is the one made from the whole trace at once; with numpy or without it, the same digest."""
     path = str(job / f"trace_rank{WORLD - 1}.json")  # with unfinished spans
     trace = merge.read_trace(path)
-    whole = digest.from_trace(trace, "step")
+    whole = digest.from_trace(trace, "step")  # numpy's, where it is installed
+    if not numpy:
+        monkeypatch.setattr(digest, "_NUMPY", [None])
+    else:
+        pytest.importorskip("numpy")
     monkeypatch.setattr(digest, "BATCH_SPANS", 7)
     monkeypatch.setattr(digest, "PENDING_SPANS", 40)
     b = digest.Builder("step")
@@ -233,6 +240,14 @@ def test_small_batches_give_the_digest_of_the_whole_trace(job: Path, monkeypatch
     doc = b.document(dict(trace.rank_process(WORLD - 1).metadata), trace.metadata["base_ns"], "x")
     for key in ("spans", "stats", "warmup", "unfinished", "negative", "names", "tracks"):
         assert doc[key] == whole[key], key
+
+
+def test_numpy_and_pure_python_make_the_same_digest(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("numpy")
+    traces = [merge.read_trace(str(job / f"trace_rank{r}.json")) for r in range(WORLD)]
+    fast = [digest.from_trace(t, "step") for t in traces]
+    monkeypatch.setattr(digest, "_NUMPY", [None])
+    assert [digest.from_trace(t, "step") for t in traces] == fast
 
 
 def test_a_run_too_long_to_wait_for_its_steps_is_not_split(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,6 +374,21 @@ def test_the_step_name_option_marks_the_digests_steps(tmp_path: Path) -> None:
     gputrace.save()
     with pytest.raises(stats.UnknownStepError, match="no span is named 'iteration'.*: 'fwd', 'bwd'"):
         digest.summary_of_files([str(tmp_path / "nosteps")], step="iteration")
+
+
+def test_a_perfetto_stream_writes_its_digest_too(tmp_path: Path) -> None:
+    gputrace.enable(out_dir=str(tmp_path), cuda=False, format="perfetto")
+    for i in range(20):
+        with gputrace.span("step", i=i):
+            with gputrace.span("fwd"):
+                time.sleep(0.0001)
+            with gputrace.span("all_gather"):
+                pass
+        if i % 6 == 5:
+            gputrace.flush()
+    trace = gputrace.save()
+    assert trace.endswith("trace_rank0.pftrace") and (tmp_path / "digest_rank0.json").is_file()
+    assert_same(full_summary([trace]), digest_summary([trace]), approximate={"fwd"})
 
 
 def test_sigterm_finishes_the_trace_and_writes_the_digest(tmp_path: Path) -> None:
