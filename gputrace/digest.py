@@ -501,13 +501,13 @@ def _numpy() -> Any:
     pure-Python path gives the same digest. GPUTRACE_PURE_PYTHON turns it off, as it turns off
     gputrace's C code."""
     if not _NUMPY:
-        np = None
+        module: Any = None
         if os.environ.get("GPUTRACE_PURE_PYTHON", "") in ("", "0"):
             try:
-                import numpy as np
+                import numpy as module
             except ImportError:
-                np = None
-        _NUMPY.append(np)
+                module = None
+        _NUMPY.append(module)
     return _NUMPY[0]
 
 
