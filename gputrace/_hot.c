@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include <stdio.h>
+#include <math.h>
 
 /* ---- the hot state ------------------------------------------------------------------------ */
 
@@ -1101,7 +1102,7 @@ done:
  * every device (torch's, or a test double) is measured exactly as the Python twin measures it. */
 
 static PyObject *s_index, *s_names, *s_name_index, *s_last_id, *s_capacity, *s_dropped, *s_child_extent,
-    *s_locate, *s_to_host_ns, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
+    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
 
 /* A span's id, given on first need (as SpanStore.id_of). */
 static long long id_of(Span *s, long long *last_id) {
@@ -1189,8 +1190,99 @@ static Py_ssize_t attr_ssize(PyObject *o, PyObject *attr) {
     return n;
 }
 
+/* A DeviceTimeline read once per resolve, where it is of the class itself: its locate() and
+ * to_host_ns() (clock.interpolate) are then done here, with the same float steps, calling its
+ * own `_elapsed` for each event; anything else goes through the timeline's methods. */
+typedef struct {
+    PyObject *elapsed, *anchors, *segs; /* owned */
+} Timeline;
+
+static void timeline_clear(Timeline *t) {
+    Py_CLEAR(t->elapsed);
+    Py_CLEAR(t->anchors);
+    Py_CLEAR(t->segs);
+}
+
+static int timeline_read(Timeline *t, PyObject *tl) {
+    timeline_clear(t);
+    if (!(t->elapsed = PyObject_GetAttr(tl, s_elapsed_attr)) || !(t->anchors = PyObject_GetAttr(tl, s_anchors)) ||
+        !(t->segs = PyObject_GetAttr(tl, s_segment_ms)))
+        return -1;
+    if (!PyList_Check(t->anchors) || !PyList_Check(t->segs) || PyList_Size(t->segs) != PyList_Size(t->anchors)) {
+        PyErr_SetString(PyExc_TypeError, "resolve: a timeline's anchors and segments are not lists of one length");
+        return -1;
+    }
+    return 0;
+}
+
+static int anchor_host_ns(Timeline *t, Py_ssize_t k, long long *out) {
+    PyObject *v = PyObject_GetAttr(PyList_GetItem(t->anchors, k), s_host_ns);
+    if (!v) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* DeviceTimeline.locate: 0 with *k (-1: after the newest anchor) and *d; 1: an answer that is not a
+ * float (the timeline's methods take the span); -1 on error. */
+static int timeline_locate(Timeline *t, PyObject *event, Py_ssize_t first, Py_ssize_t *k, double *d) {
+    Py_ssize_t n = PyList_Size(t->anchors);
+    for (Py_ssize_t i = first > 0 ? first : 0; i < n; i++) {
+        PyObject *ref = PyObject_GetAttr(PyList_GetItem(t->anchors, i), s_event_attr);
+        if (!ref) return -1;
+        PyObject *r = PyObject_CallFunctionObjArgs(t->elapsed, ref, event, NULL);
+        Py_DECREF(ref);
+        if (!r) return -1;
+        if (!PyFloat_CheckExact(r)) { Py_DECREF(r); return 1; }
+        double v = PyFloat_AsDouble(r);
+        Py_DECREF(r);
+        if (v <= 0.0) {
+            *k = i;
+            *d = v;
+            return 0;
+        }
+    }
+    *k = -1;
+    return 0;
+}
+
+/* clock.interpolate: host(k) + round(d * 1e6 * (host(k) - host(k-1)) / (gpu(k) * 1e6)), or slope 1
+ * before the first segment. 1: a value Python's round() would refuse or a segment not a float. */
+static int timeline_host_ns(Timeline *t, Py_ssize_t k, double d, long long *out) {
+    long long h1, h0;
+    if (anchor_host_ns(t, k, &h1) < 0) return -1;
+    PyObject *segv = PyList_GetItem(t->segs, k);
+    if (!PyFloat_CheckExact(segv)) return 1;
+    double seg = PyFloat_AsDouble(segv), x;
+    if (k == 0 || seg <= 0.0) {
+        x = d * 1e6;
+    } else {
+        if (anchor_host_ns(t, k - 1, &h0) < 0) return -1;
+        x = d * 1e6 * (double)(h1 - h0) / (seg * 1e6);
+    }
+    if (!isfinite(x) || fabs(x) > 9e18) return 1;
+    *out = h1 + (long long)nearbyint(x); /* round half to even, as round() */
+    return 0;
+}
+
+/* A device span's start and end through a Timeline: 0 (with *found), 1 (the methods decide), -1. */
+static int timeline_span(Timeline *t, Span *s, long long *start, long long *end, int *found) {
+    Py_ssize_t first = s->gen ? PyLong_AsSsize_t(s->gen) : -1, ka, kb;
+    if (first == -1 && PyErr_Occurred()) { PyErr_Clear(); return 1; }
+    double da, db;
+    int r = timeline_locate(t, s->t0, first, &ka, &da);
+    if (r) return r;
+    *found = 0;
+    if (ka < 0) return 0;
+    if ((r = timeline_locate(t, s->t1, ka, &kb, &db))) return r;
+    if (kb < 0) return 0;
+    if ((r = timeline_host_ns(t, ka, da, start)) || (r = timeline_host_ns(t, kb, db, end))) return r;
+    *found = 1;
+    return 0;
+}
+
 PyDoc_STRVAR(resolve_doc,
-             "resolve($module, done, offset, store, timelines, pools, rounding_ns, /)\n--\n\n"
+             "resolve($module, done, offset, store, timelines, pools, rounding_ns, timeline_type, /)\n--\n\n"
              "resolve.resolve for spans of this module's Span type: append every span of `done` to\n"
              "`store` and return those that wait for a newer anchor. NotImplemented (nothing done)\n"
              "when a span is of another type: the Python twin resolves those.");
@@ -1201,10 +1293,13 @@ typedef struct {
 } Row;
 
 static PyObject *hot_resolve(PyObject *self, PyObject *args) {
-    PyObject *done, *store, *timelines, *pools;
+    PyObject *done, *store, *timelines, *pools, *timeline_type;
     long long offset, rounding;
-    if (!PyArg_ParseTuple(args, "O!LOOOL", &PyList_Type, &done, &offset, &store, &timelines, &pools, &rounding))
+    if (!PyArg_ParseTuple(args, "O!LOOOLO", &PyList_Type, &done, &offset, &store, &timelines, &pools, &rounding,
+                          &timeline_type))
         return NULL;
+    Timeline tlc = {NULL, NULL, NULL};
+    int tl_native = 0;
     Py_ssize_t n = PyList_Size(done);
     /* Per span: its track index and device (-1: a host track), read once per stack. The check
      * pass changes nothing, so a span this loop cannot take leaves everything to the twin. */
@@ -1276,24 +1371,29 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
                 if (!(last_tl = PySequence_GetItem(timelines, dv)) || !(last_pool = PySequence_GetItem(pools, dv)))
                     goto done_;
                 last_tl_dev = dv;
+                tl_native = (PyObject *)Py_TYPE(last_tl) == timeline_type;
+                if (tl_native && timeline_read(&tlc, last_tl) < 0) goto done_;
             }
-            PyObject *a = locate(last_tl, s->t0, s->gen ? s->gen : Py_None);
-            if (!a) goto done_;
-            PyObject *b = NULL;
-            if (a != Py_None) {
-                b = locate(last_tl, s->t1, PyTuple_GetItem(a, 0));
-                if (!b) { Py_DECREF(a); goto done_; }
-            }
-            if (a == Py_None || b == Py_None) {
+            int found = 0, r = tl_native ? timeline_span(&tlc, s, &start, &end, &found) : 1;
+            if (r < 0) goto done_;
+            if (r == 1) { /* through the timeline's own methods */
+                PyObject *a = locate(last_tl, s->t0, s->gen ? s->gen : Py_None);
+                if (!a) goto done_;
+                PyObject *b = NULL;
+                if (a != Py_None) {
+                    b = locate(last_tl, s->t1, PyTuple_GetItem(a, 0));
+                    if (!b) { Py_DECREF(a); goto done_; }
+                }
+                found = a != Py_None && b != Py_None;
+                int bad = found && (to_host(last_tl, a, &start) < 0 || to_host(last_tl, b, &end) < 0);
                 Py_DECREF(a);
                 Py_XDECREF(b);
+                if (bad) goto done_;
+            }
+            if (!found) {
                 if (PyList_Append(later, (PyObject *)s) < 0) goto done_;
                 continue;
             }
-            int bad = to_host(last_tl, a, &start) < 0 || to_host(last_tl, b, &end) < 0;
-            Py_DECREF(a);
-            Py_DECREF(b);
-            if (bad) goto done_;
             if (end < start) end = start; /* back-to-back events either side of an anchor */
             if (PyDict_Size(extent) > 0) {
                 long long sid = id_of(s, &last_id);
@@ -1437,6 +1537,7 @@ done_:
     PyMem_Free(track_of);
     Py_XDECREF(last_tl);
     Py_XDECREF(last_pool);
+    timeline_clear(&tlc);
     Py_XDECREF(later);
     Py_XDECREF(argl);
     Py_XDECREF(extent);
@@ -1492,6 +1593,11 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_name = PyUnicode_InternFromString("__name__");
     s_index = PyUnicode_InternFromString("index");
     s_tobytes = PyUnicode_InternFromString("tobytes");
+    s_elapsed_attr = PyUnicode_InternFromString("_elapsed");
+    s_anchors = PyUnicode_InternFromString("anchors");
+    s_segment_ms = PyUnicode_InternFromString("segment_ms");
+    s_host_ns = PyUnicode_InternFromString("host_ns");
+    s_event_attr = PyUnicode_InternFromString("event");
     s_names = PyUnicode_InternFromString("names");
     s_name_index = PyUnicode_InternFromString("_name_index");
     s_last_id = PyUnicode_InternFromString("_last_id");

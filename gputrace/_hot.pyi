@@ -75,6 +75,7 @@ def resolve(
     timelines: list[DeviceTimeline],
     pools: list[list[Any]],
     rounding_ns: int,
+    timeline_type: type[DeviceTimeline],
     /,
 ) -> list[Any]: ...
 def nest_tracks(

@@ -12,8 +12,10 @@ import os
 from array import array
 from typing import TYPE_CHECKING, Any
 
+from gputrace.clock import DeviceTimeline
+
 if TYPE_CHECKING:
-    from gputrace.clock import DeviceTimeline, HostClock
+    from gputrace.clock import HostClock
     from gputrace.record import Span
 
 
@@ -101,7 +103,7 @@ def resolve(
     The C build does this in one loop for spans of its own type (the ones the C hot path makes);
     `resolve_py` is the reference, and resolves any other span (a snapshot's copies)."""
     if _resolve_c is not None:
-        later = _resolve_c(done, clock.epoch_offset_ns, store, timelines, pools, ROUNDING_NS)
+        later = _resolve_c(done, clock.epoch_offset_ns, store, timelines, pools, ROUNDING_NS, DeviceTimeline)
         if later is not NotImplemented:
             return later
     return resolve_py(done, timelines, clock, store, pools)

@@ -97,7 +97,7 @@ def test_spans_of_another_type_go_to_the_python_loop() -> None:
     c = record.Span("c")
     with c:
         s.stack, s.parent, s.t0, s.t1 = c.stack, None, c.t0, c.t0
-    assert resolve._resolve_c([s], 0, rec.store, rec.timelines, rec.pools, 0) is NotImplemented
+    assert resolve._resolve_c([s], 0, rec.store, rec.timelines, rec.pools, 0, resolve.DeviceTimeline) is NotImplemented
     assert len(rec.store) == 0
 
 
