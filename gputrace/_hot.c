@@ -1102,7 +1102,7 @@ done:
  * every device (torch's, or a test double) is measured exactly as the Python twin measures it. */
 
 static PyObject *s_index, *s_names, *s_name_index, *s_last_id, *s_capacity, *s_dropped, *s_child_extent,
-    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
+    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_query, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
 
 /* A span's id, given on first need (as SpanStore.id_of). */
 static long long id_of(Span *s, long long *last_id) {
@@ -1281,6 +1281,137 @@ static int timeline_span(Timeline *t, Span *s, long long *start, long long *end,
     return 0;
 }
 
+/* Per span of `done`: its track index and device (-1: a host track), read once per stack. 0; 1: a
+ * span this module's loops do not take (another type, or not as the hot path leaves it); -1. */
+static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
+    PyObject *last_stack = NULL;
+    long tr = 0;
+    Py_ssize_t dv = -1, n = PyList_Size(done);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GetItem(done, i);
+        if (!PyObject_TypeCheck(o, SpanType)) return 1;
+        Span *s = (Span *)o;
+        if (!s->stack || s->stack == Py_None || !s->t0 || !s->t1) return 1;
+        if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, SpanType)) return 1;
+        if (s->stack != last_stack) {
+            PyObject *track = PyObject_GetAttr(s->stack, s_track);
+            if (!track) return -1;
+            PyObject *idx = PyObject_GetAttr(track, s_index);
+            PyObject *dev = idx ? PyObject_GetAttr(track, s_device) : NULL;
+            Py_DECREF(track);
+            if (!dev) { Py_XDECREF(idx); return -1; }
+            tr = PyLong_AsLong(idx);
+            dv = dev == Py_None ? -1 : PyLong_AsSsize_t(dev);
+            Py_DECREF(idx);
+            Py_DECREF(dev);
+            if (PyErr_Occurred()) return -1;
+            if (dv < -1 || tr < 0) return 1;
+            last_stack = s->stack;
+        }
+        if (dv < 0 && !(PyLong_CheckExact(s->t0) && PyLong_CheckExact(s->t1))) return 1;
+        track_of[i] = tr;
+        dev_of[i] = dv;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(split_finished_doc,
+             "split_finished($module, pending, wait, /)\n--\n\n"
+             "record._split_finished for spans of this module's Span type, and the devices to anchor:\n"
+             "(done, waiting, sorted devices of the done spans). With `wait` every span is done. NotImplemented\n"
+             "(nothing asked) when a span is of another type.");
+
+static PyObject *hot_split_finished(PyObject *self, PyObject *args) {
+    PyObject *pending;
+    int wait;
+    if (!PyArg_ParseTuple(args, "O!p", &PyList_Type, &pending, &wait)) return NULL;
+    Py_ssize_t n = PyList_Size(pending);
+    long *track_of = PyMem_Malloc(sizeof(long) * (size_t)(n ? n : 1));
+    Py_ssize_t *dev_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    Py_ssize_t *group = NULL, *next = NULL, *head = NULL, *tail = NULL, *idx = NULL, ng = 0;
+    PyObject *done = NULL, *waiting = NULL, *result = NULL;
+    char *dev_used = NULL;
+    Py_ssize_t maxdev = -1;
+    if (!track_of || !dev_of) { PyErr_NoMemory(); goto out; }
+    int r = span_tracks(pending, track_of, dev_of);
+    if (r < 0) goto out;
+    if (r > 0) { result = Py_NewRef(Py_NotImplemented); goto out; }
+    long maxt = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (track_of[i] > maxt) maxt = track_of[i];
+        if (dev_of[i] > maxdev) maxdev = dev_of[i];
+    }
+    group = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(maxt + 2));
+    next = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    head = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    tail = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    idx = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    dev_used = PyMem_Calloc((size_t)(maxdev + 2), 1);
+    if (!group || !next || !head || !tail || !idx || !dev_used) { PyErr_NoMemory(); goto out; }
+    if (!(done = PyList_New(0)) || !(waiting = PyList_New(0))) goto out;
+    for (long t = 0; t <= maxt; t++) group[t] = -1;
+    /* Host spans are done, in order; device spans grouped by track, tracks in first-seen order. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (dev_of[i] < 0 || wait) {
+            if (PyList_Append(done, PyList_GetItem(pending, i)) < 0) goto out;
+            if (dev_of[i] >= 0) dev_used[dev_of[i]] = 1;
+            continue;
+        }
+        Py_ssize_t g = group[track_of[i]];
+        next[i] = -1;
+        if (g < 0) {
+            g = group[track_of[i]] = ng++;
+            head[g] = i;
+        } else {
+            next[tail[g]] = i;
+        }
+        tail[g] = i;
+    }
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = head[g]; i >= 0; i = next[i]) idx[m++] = i;
+        /* On one stream events complete in order: the finished spans are a prefix. */
+        Py_ssize_t lo = 0, hi = m;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            PyObject *q = PyObject_CallMethodObjArgs(((Span *)PyList_GetItem(pending, idx[mid]))->t1, s_query, NULL);
+            if (!q) goto out;
+            int t = PyObject_IsTrue(q);
+            Py_DECREF(q);
+            if (t < 0) goto out;
+            if (t) lo = mid + 1;
+            else hi = mid;
+        }
+        for (Py_ssize_t j = 0; j < m; j++)
+            if (PyList_Append(j < lo ? done : waiting, PyList_GetItem(pending, idx[j])) < 0) goto out;
+        if (lo > 0) dev_used[dev_of[head[g]]] = 1;
+    }
+    {
+        PyObject *devs = PyList_New(0);
+        if (!devs) goto out;
+        for (Py_ssize_t d = 0; d <= maxdev; d++) {
+            if (!dev_used[d]) continue;
+            PyObject *v = PyLong_FromSsize_t(d);
+            if (!v || PyList_Append(devs, v) < 0) { Py_XDECREF(v); Py_DECREF(devs); goto out; }
+            Py_DECREF(v);
+        }
+        result = PyTuple_Pack(3, done, waiting, devs);
+        Py_DECREF(devs);
+    }
+out:
+    PyMem_Free(track_of);
+    PyMem_Free(dev_of);
+    PyMem_Free(group);
+    PyMem_Free(next);
+    PyMem_Free(head);
+    PyMem_Free(tail);
+    PyMem_Free(idx);
+    PyMem_Free(dev_used);
+    Py_XDECREF(done);
+    Py_XDECREF(waiting);
+    return result;
+}
+
 PyDoc_STRVAR(resolve_doc,
              "resolve($module, done, offset, store, timelines, pools, rounding_ns, timeline_type, /)\n--\n\n"
              "resolve.resolve for spans of this module's Span type: append every span of `done` to\n"
@@ -1315,34 +1446,9 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
     Py_ssize_t nrows = 0;
     if (!track_of || !dev_of || !rows || !names) { PyErr_NoMemory(); goto done_; }
     {
-        PyObject *last_stack = NULL;
-        long tr = 0;
-        Py_ssize_t dv = -1;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *o = PyList_GetItem(done, i);
-            if (!PyObject_TypeCheck(o, SpanType)) goto not_mine;
-            Span *s = (Span *)o;
-            if (!s->stack || s->stack == Py_None || !s->t0 || !s->t1) goto not_mine;
-            if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, SpanType)) goto not_mine;
-            if (s->stack != last_stack) {
-                PyObject *track = PyObject_GetAttr(s->stack, s_track);
-                if (!track) goto done_;
-                PyObject *idx = PyObject_GetAttr(track, s_index);
-                PyObject *dev = idx ? PyObject_GetAttr(track, s_device) : NULL;
-                Py_DECREF(track);
-                if (!dev) { Py_XDECREF(idx); goto done_; }
-                tr = PyLong_AsLong(idx);
-                dv = dev == Py_None ? -1 : PyLong_AsSsize_t(dev);
-                Py_DECREF(idx);
-                Py_DECREF(dev);
-                if (PyErr_Occurred()) goto done_;
-                if (dv < -1) goto not_mine;
-                last_stack = s->stack;
-            }
-            if (dv < 0 && !(PyLong_CheckExact(s->t0) && PyLong_CheckExact(s->t1))) goto not_mine;
-            track_of[i] = tr;
-            dev_of[i] = dv;
-        }
+        int r = span_tracks(done, track_of, dev_of);
+        if (r < 0) goto done_;
+        if (r > 0) goto not_mine;
     }
     if (!(later = PyList_New(0)) || !(argl = PyList_New(0))) goto done_;
     if (!(extent = PyObject_GetAttr(store, s_child_extent))) goto done_;
@@ -1547,6 +1653,7 @@ done_:
 static PyMethodDef hot_methods[] = {
     {"layout", hot_layout, METH_VARARGS, layout_doc},
     {"resolve", hot_resolve, METH_VARARGS, resolve_doc},
+    {"split_finished", hot_split_finished, METH_VARARGS, split_finished_doc},
     {"nest_tracks", hot_nest_tracks, METH_VARARGS, nest_tracks_doc},
     {"encode_rows", hot_encode_rows, METH_VARARGS, encode_rows_doc},
     {"encode_events", hot_encode_events, METH_VARARGS, encode_events_doc},
@@ -1593,6 +1700,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_name = PyUnicode_InternFromString("__name__");
     s_index = PyUnicode_InternFromString("index");
     s_tobytes = PyUnicode_InternFromString("tobytes");
+    s_query = PyUnicode_InternFromString("query");
     s_elapsed_attr = PyUnicode_InternFromString("_elapsed");
     s_anchors = PyUnicode_InternFromString("anchors");
     s_segment_ms = PyUnicode_InternFromString("segment_ms");

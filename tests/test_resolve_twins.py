@@ -1,5 +1,6 @@
-"""The C resolve loop against its Python reference, on the same recorded spans: rows, ids, args,
-the children's extents, dropped counts and the events handed back must all be equal."""
+"""The C loops of flush, resolve and the writer against their Python references, on the same
+spans: rows, ids, args, the children's extents, dropped counts, the events handed back, and the
+bytes written must all be equal."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def test_the_c_loop_resolves_as_the_python_one(seed: int, max_spans: int, monkey
     c = workload(seed, max_spans)
     gputrace.reset()
     monkeypatch.setattr(resolve, "_resolve_c", None)
+    monkeypatch.setattr(record, "_split_c", None)
     py = workload(seed, max_spans)
     assert len(c["columns"][0]) > 50
     assert c == py
@@ -202,3 +204,36 @@ def test_nested_pieces_take_the_c_path(seed: int, monkeypatch: pytest.MonkeyPatc
         m.setattr(chrome, "_encode_rows", None)
         m.setattr(chrome, "_nest_tracks", None)
         assert c == encodings(trace, 5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_c_split_finds_the_finished_spans_the_python_one_finds(seed: int) -> None:
+    if record._split_c is None:
+        pytest.skip("the C hot path is not built or not in use")
+    rng = random.Random(seed)
+    fake = FakeDevice(devices=2)
+    rec = install(fake, max_pending=1 << 20)
+    streams = [fake.default[0], fake.new_stream()]
+    for _ in range(300):
+        dev = rng.randrange(2)
+        fake.set_device(dev)
+        kind = rng.random()
+        if kind < 0.2:
+            s = record.OptSpan("h", None, False)
+            with s:
+                fake.advance(rng.randrange(0, 3000))
+            continue
+        with fake.stream(streams[rng.randrange(2)] if dev == 0 else fake.default[1]):
+            with record.Span(f"d{dev}"):
+                fake.work(rng.randrange(0, 40_000))  # queued work: later spans finish later
+        fake.advance(rng.randrange(0, 20_000))
+    pending = list(rec.pending)
+    c_done, c_waiting, c_devices = record._split_c(pending, False)
+    py_done, py_waiting = record._split_finished(pending)
+    assert [id(s) for s in c_done] == [id(s) for s in py_done]
+    assert [id(s) for s in c_waiting] == [id(s) for s in py_waiting]
+    assert c_devices == sorted({s.stack.device for s in py_done} - {None})
+    assert c_waiting and len(c_done) > len([s for s in pending if s.stack.device is None])
+    done_all, waiting_none, devices_all = record._split_c(pending, True)
+    assert [id(s) for s in done_all] == [id(s) for s in pending] and not waiting_none and devices_all == [0, 1]
+    rec.flush(wait=True)
