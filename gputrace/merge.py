@@ -719,8 +719,10 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     # Which rows to keep.
     dropped_tracks = any(m < 0 for m in track_map)
     rows: Sequence[int] | None = None
-    # `map` over two arrays runs at C speed: the per-row loop only when some span is inverted.
-    negative = [i for i in range(n) if ends[i] < starts[i]] if n and min(map(int.__sub__, ends, starts)) < 0 else []
+    # Perfetto drops a span that ends before it starts (and the writer refuses one): `map` over
+    # the two arrays finds any at C speed, the per-row loop runs only then.
+    inverted = n > 0 and min(map(int.__sub__, ends, starts)) < 0
+    negative = [i for i in range(n) if ends[i] < starts[i]] if inverted else []
     if sel.by_time:
         track_rank = [proc_rank[t.process] for t in trace.tracks]
         own_track = [proc_map[t.process] >= 0 and not out.processes[proc_map[t.process]].foreign for t in trace.tracks]
@@ -1428,9 +1430,12 @@ def encode_part(part: Trace, base_ns: int, nested: set[int] | frozenset[int] = f
     chunks: list[bytes] = []
     pid_of = {i: q.pid for i, q in enumerate(part.processes)}
     rows_of: dict[int, list[int]] = {i: [] for i in range(len(part.processes))}
-    proc_of_track = [t.process for t in part.tracks]
-    for i, t in enumerate(part.spans.track):
-        rows_of[proc_of_track[t]].append(i)
+    if len(part.processes) == 1:
+        rows_of[0] = list(range(len(part.spans)))
+    else:
+        proc_of_track = [t.process for t in part.tracks]
+        for i, t in enumerate(part.spans.track):
+            rows_of[proc_of_track[t]].append(i)
     sp = part.spans
     tid_of: dict[tuple[int, Any], int] = {}
     wanted = {(e["process"], e["tid"]) for e in part.extra if "tid" in e}
