@@ -266,8 +266,17 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     open_b: dict[tuple[Any, Any], list[tuple[str, int, Any]]] = {}
     spans = trace.spans
     intern = trace.intern
+    name_index = trace._name_index
+    # X events, the bulk of any trace, go to plain lists and join the columns once at the end.
+    x_name: list[int] = []
+    x_track: list[int] = []
+    x_start: list[int] = []
+    x_end: list[int] = []
+    x_args: list[dict[str, Any] | None] = []
+    x_cat: list[str | None] = []
+    plain_cats = ("cuda", "cpu", None)
     for e in events:
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             continue
         ph = e.get("ph")
         if ph == "X":
@@ -277,15 +286,20 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             except (KeyError, TypeError, ValueError, OverflowError):
                 continue  # validate reports it; readers skip what they cannot place
             cat = e.get("cat")
+            t = track_index.get((e.get("pid"), e.get("tid")))
+            if t is None:
+                t = track_of(e.get("pid"), e.get("tid"), cat)
+            n = e.get("name", "")
+            ni = name_index.get(n) if type(n) is str else None
+            if ni is None:
+                ni = intern(str(n))
             xa = e.get("args")
-            spans.append(
-                intern(str(e.get("name", ""))),
-                track_of(e.get("pid"), e.get("tid"), cat),
-                start,
-                end,
-                xa if isinstance(xa, dict) and xa else None,
-                cat if isinstance(cat, str) and cat not in ("cuda", "cpu") else None,
-            )
+            x_name.append(ni)
+            x_track.append(t)
+            x_start.append(start)
+            x_end.append(end)
+            x_args.append(xa if xa and type(xa) is dict else None)
+            x_cat.append(None if cat in plain_cats or not isinstance(cat, str) else cat)
         elif ph == "M":
             continue
         elif ph in ("B", "E"):
@@ -330,6 +344,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                     extra.pop("dur", None)
             extra["process"] = process_of(extra.pop("pid", None))
             trace.extra.append(extra)
+    spans.extend(x_name, x_track, x_start, x_end, x_args, x_cat)
     # Processes that only named themselves still exist (a rank that recorded nothing).
     for pid in proc_name:
         if pid not in proc_index and pid is not None:
