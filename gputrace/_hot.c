@@ -597,6 +597,41 @@ static int put_us(Buf *b, unsigned long long ns) {
     return buf_put(b, frac, 4);
 }
 
+/* Room for `n` more bytes, so the raw_* writers below need no checks. */
+static int buf_reserve(Buf *b, size_t n) {
+    if (b->len + n <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->len + n) cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static void raw_put(Buf *b, const char *src, size_t n) {
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+}
+
+#define RAW_LIT(b, lit) raw_put((b), (lit), sizeof(lit) - 1)
+
+static void raw_u(Buf *b, unsigned long long v) {
+    char tmp[24];
+    int i = 24;
+    do {
+        tmp[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    raw_put(b, tmp + i, (size_t)(24 - i));
+}
+
+static void raw_us(Buf *b, unsigned long long ns) {
+    raw_u(b, ns / 1000);
+    char frac[4] = {'.', (char)('0' + ns / 100 % 10), (char)('0' + ns / 10 % 10), (char)('0' + ns % 10)};
+    raw_put(b, frac, 4);
+}
+
 static int item_ll(PyObject *list, Py_ssize_t i, long long *out) {
     PyObject *o = PyList_GetItem(list, i);
     if (!o) return -1;
@@ -1042,6 +1077,7 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     PyObject *eb = sb ? array_bytes(ends_a, sizeof(long long), &n2) : NULL;
     PyObject *result = NULL;
     Buf b = {NULL, 0, 0};
+    long long *tidv = NULL;
     if (!eb) goto done;
     if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
@@ -1052,26 +1088,43 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     const long long *st = (const long long *)PyBytes_AsString(sb);
     const long long *en = (const long long *)PyBytes_AsString(eb);
     Py_ssize_t ntr = PyList_Size(tids), nnames = PyList_Size(name_json);
+    if (PyList_Size(cats) < ntr) ntr = PyList_Size(cats);
+    tidv = PyMem_Malloc(sizeof(long long) * (size_t)(ntr ? ntr : 1));
+    if (!tidv) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t t = 0; t < ntr; t++) {
+        tidv[t] = PyLong_AsLongLong(PyList_GetItem(tids, t));
+        if (tidv[t] == -1 && PyErr_Occurred()) goto done;
+    }
+    if (buf_reserve(&b, (size_t)n * 96) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         long long ts = st[i] - base, dur = en[i] - st[i];
         if (ts < 0 || dur < 0) {
             PyErr_SetString(PyExc_ValueError, "a span starts before the trace's base or ends before it starts");
             goto done;
         }
-        if (tr[i] < 0 || tr[i] >= ntr || tr[i] >= PyList_Size(cats) || nm[i] < 0 || nm[i] >= nnames) {
+        if (tr[i] < 0 || tr[i] >= ntr || nm[i] < 0 || nm[i] >= nnames) {
             PyErr_SetString(PyExc_ValueError, "encode_rows: a track or name index out of range");
             goto done;
         }
-        long long tid = PyLong_AsLongLong(PyList_GetItem(tids, tr[i]));
-        if (tid == -1 && PyErr_Occurred()) goto done;
-        PyObject *cat = PyList_GetItem(cats, tr[i]);
-        if (PUT_LIT(&b, "{\"ph\":\"X\",\"cat\":") < 0 || buf_bytes(&b, cat) < 0 || PUT_LIT(&b, ",\"name\":") < 0 ||
-            buf_bytes(&b, PyList_GetItem(name_json, nm[i])) < 0 || PUT_LIT(&b, ",\"pid\":") < 0 ||
-            put_u(&b, (unsigned long long)pid) < 0 || PUT_LIT(&b, ",\"tid\":") < 0 ||
-            put_u(&b, (unsigned long long)tid) < 0 || PUT_LIT(&b, ",\"ts\":") < 0 ||
-            put_us(&b, (unsigned long long)ts) < 0 || PUT_LIT(&b, ",\"dur\":") < 0 ||
-            put_us(&b, (unsigned long long)dur) < 0)
+        char *cat, *name;
+        Py_ssize_t catn, namen;
+        if (PyBytes_AsStringAndSize(PyList_GetItem(cats, tr[i]), &cat, &catn) < 0 ||
+            PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0)
             goto done;
+        /* the literals (60 bytes), four numbers (at most 24 bytes each), the cat and the name */
+        if (buf_reserve(&b, 160 + (size_t)catn + (size_t)namen) < 0) goto done;
+        RAW_LIT(&b, "{\"ph\":\"X\",\"cat\":");
+        raw_put(&b, cat, (size_t)catn);
+        RAW_LIT(&b, ",\"name\":");
+        raw_put(&b, name, (size_t)namen);
+        RAW_LIT(&b, ",\"pid\":");
+        raw_u(&b, (unsigned long long)pid);
+        RAW_LIT(&b, ",\"tid\":");
+        raw_u(&b, (unsigned long long)tidv[tr[i]]);
+        RAW_LIT(&b, ",\"ts\":");
+        raw_us(&b, (unsigned long long)ts);
+        RAW_LIT(&b, ",\"dur\":");
+        raw_us(&b, (unsigned long long)dur);
         PyObject *a = PyList_GetItem(argl, i);
         int truthy = a == Py_None ? 0 : PyObject_IsTrue(a);
         if (truthy < 0) goto done;
@@ -1087,6 +1140,7 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
 done:
     PyMem_Free(b.p);
+    PyMem_Free(tidv);
     Py_XDECREF(nb);
     Py_XDECREF(tb);
     Py_XDECREF(sb);
@@ -1578,9 +1632,13 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         int bad = !cn || !cq || !PyDict_Check(index) || !PyList_Check(namelist);
         if (!cn || !cq) PyErr_NoMemory();
         else if (bad) PyErr_SetString(PyExc_TypeError, "resolve: the store's names are not a list and a dict");
+        PyObject *last_name = NULL; /* spans of one name come in runs: look each run up once */
+        long last_ix = 0;
         for (Py_ssize_t j = 0; !bad && j < keep; j++) {
-            PyObject *ix = PyDict_GetItemWithError(index, names[j]);
-            if (ix) {
+            PyObject *ix = names[j] == last_name ? NULL : PyDict_GetItemWithError(index, names[j]);
+            if (names[j] == last_name) {
+                cn[j] = last_ix;
+            } else if (ix) {
                 cn[j] = PyLong_AsLong(ix);
             } else if (PyErr_Occurred()) {
                 bad = 1;
@@ -1592,6 +1650,8 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
                 Py_XDECREF(kv);
                 cn[j] = (long)k;
             }
+            last_name = names[j];
+            last_ix = cn[j];
             cn[keep + j] = rows[j].track;
             cq[j] = rows[j].start;
             cq[keep + j] = rows[j].end;
@@ -1614,7 +1674,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         if (keep) {
             PyObject *sargs = PyObject_GetAttr(store, s_args_attr);
             if (!sargs) goto done_;
-            PyObject *part = PyList_GetSlice(argl, 0, keep);
+            PyObject *part = keep == PyList_Size(argl) ? Py_NewRef(argl) : PyList_GetSlice(argl, 0, keep);
             int r = part ? PyList_SetSlice(sargs, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, part) : -1;
             Py_XDECREF(part);
             Py_DECREF(sargs);
