@@ -1345,7 +1345,7 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
         PyObject *o = PyList_GetItem(done, i);
         if (!PyObject_TypeCheck(o, SpanType)) return 1;
         Span *s = (Span *)o;
-        if (!s->stack || s->stack == Py_None || !s->t0 || !s->t1) return 1;
+        if (!s->name || !s->stack || s->stack == Py_None || !s->t0 || !s->t1) return 1;
         if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, SpanType)) return 1;
         if (s->stack != last_stack) {
             PyObject *track = PyObject_GetAttr(s->stack, s_track);
