@@ -1176,6 +1176,8 @@ def summary_of_files(
             a, b = steps
             parts.append(f"steps {a or 0}:{'' if b is None else b} (numbered from {a or 0} in the run, from 0 here)")
         what = f"read from the full traces of {' and '.join(parts)} only"
+    if inputs.lone:
+        what += f"; {len(inputs.lone)} digests without their traces here are left out"
     return dataclasses.replace(s, notes=[what, *s.notes])
 
 

@@ -504,6 +504,7 @@ def test_gather_brings_every_digest_to_rank_0(gloo: tuple[Path, dict[int, Any]])
     r = CliRunner().invoke(main, ["summary", "--json", "--full", str(home)])  # the traces here: rank 0's alone
     assert r.exit_code == 0, r.output
     assert orjson.loads(r.output)["ranks"] == [0]
+    assert "1 digests without their traces here are left out" in orjson.loads(r.output)["notes"][0]
 
 
 if __name__ == "__main__":
