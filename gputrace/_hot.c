@@ -1058,17 +1058,18 @@ static int put_args(Buf *b, PyObject *a) {
 }
 
 PyDoc_STRVAR(encode_rows_doc,
-             "encode_rows($module, name_json, names, tracks, starts, ends, args, dump, tids, cats, pid, base, /)\n"
+             "encode_rows($module, name_json, names, tracks, starts, ends, args, dump, track_info, pid, base, /)\n"
              "--\n\n"
              "The X events of one piece whose spans all lie on lane 0 of their track, from the columns\n"
-             "(array.array 'l', 'l', 'q', 'q'; `args` a list): each event followed by `,\\n`. `tids` and\n"
-             "`cats` are indexed by track; `dump(args)` gives an args dict's JSON.");
+             "(array.array 'l', 'l', 'q', 'q'; `args` a list): each event followed by `,\\n`. `track_info(t)`\n"
+             "gives (tid, cat JSON) of each track, asked once per track in the order the tracks first\n"
+             "appear; `dump(args)` gives an args dict's JSON.");
 
 static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
-    PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *tids, *cats;
+    PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *track_info;
     long long pid, base;
-    if (!PyArg_ParseTuple(args, "O!OOOOO!OO!O!LL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
-                          &PyList_Type, &argl, &dump, &PyList_Type, &tids, &PyList_Type, &cats, &pid, &base))
+    if (!PyArg_ParseTuple(args, "O!OOOOO!OOLL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
+                          &PyList_Type, &argl, &dump, &track_info, &pid, &base))
         return NULL;
     Py_ssize_t n, n0, n1, n2;
     PyObject *nb = array_bytes(names_a, sizeof(long), &n0);
@@ -1078,6 +1079,8 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Buf b = {NULL, 0, 0};
     long long *tidv = NULL;
+    PyObject **catv = NULL;
+    long ntr = 0;
     if (!eb) goto done;
     if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
@@ -1087,13 +1090,29 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     const long *tr = (const long *)PyBytes_AsString(tb);
     const long long *st = (const long long *)PyBytes_AsString(sb);
     const long long *en = (const long long *)PyBytes_AsString(eb);
-    Py_ssize_t ntr = PyList_Size(tids), nnames = PyList_Size(name_json);
-    if (PyList_Size(cats) < ntr) ntr = PyList_Size(cats);
+    Py_ssize_t nnames = PyList_Size(name_json);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tr[i] < 0) { PyErr_SetString(PyExc_ValueError, "encode_rows: a negative track"); goto done; }
+        if (tr[i] >= ntr) ntr = tr[i] + 1;
+    }
     tidv = PyMem_Malloc(sizeof(long long) * (size_t)(ntr ? ntr : 1));
-    if (!tidv) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t t = 0; t < ntr; t++) {
-        tidv[t] = PyLong_AsLongLong(PyList_GetItem(tids, t));
-        if (tidv[t] == -1 && PyErr_Occurred()) goto done;
+    catv = PyMem_Calloc((size_t)(ntr ? ntr : 1), sizeof(PyObject *));
+    if (!tidv || !catv) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) { /* each track's tid and cat, asked in first-seen order */
+        if (catv[tr[i]]) continue;
+        PyObject *t = PyLong_FromLong(tr[i]);
+        PyObject *info = t ? PyObject_CallFunctionObjArgs(track_info, t, NULL) : NULL;
+        Py_XDECREF(t);
+        if (!info) goto done;
+        if (!PyTuple_Check(info) || PyTuple_Size(info) != 2 || !PyBytes_Check(PyTuple_GetItem(info, 1))) {
+            Py_DECREF(info);
+            PyErr_SetString(PyExc_TypeError, "encode_rows: track_info must give (tid, cat bytes)");
+            goto done;
+        }
+        tidv[tr[i]] = PyLong_AsLongLong(PyTuple_GetItem(info, 0));
+        catv[tr[i]] = Py_NewRef(PyTuple_GetItem(info, 1));
+        Py_DECREF(info);
+        if (tidv[tr[i]] == -1 && PyErr_Occurred()) goto done;
     }
     if (buf_reserve(&b, (size_t)n * 96) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1102,13 +1121,13 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "a span starts before the trace's base or ends before it starts");
             goto done;
         }
-        if (tr[i] < 0 || tr[i] >= ntr || nm[i] < 0 || nm[i] >= nnames) {
-            PyErr_SetString(PyExc_ValueError, "encode_rows: a track or name index out of range");
+        if (nm[i] < 0 || nm[i] >= nnames) {
+            PyErr_SetString(PyExc_ValueError, "encode_rows: a name index out of range");
             goto done;
         }
         char *cat, *name;
         Py_ssize_t catn, namen;
-        if (PyBytes_AsStringAndSize(PyList_GetItem(cats, tr[i]), &cat, &catn) < 0 ||
+        if (PyBytes_AsStringAndSize(catv[tr[i]], &cat, &catn) < 0 ||
             PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0)
             goto done;
         /* the literals (60 bytes), four numbers (at most 24 bytes each), the cat and the name */
@@ -1141,6 +1160,9 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(b.p);
     PyMem_Free(tidv);
+    if (catv)
+        for (long t = 0; t < ntr; t++) Py_XDECREF(catv[t]);
+    PyMem_Free(catv);
     Py_XDECREF(nb);
     Py_XDECREF(tb);
     Py_XDECREF(sb);

@@ -713,13 +713,10 @@ def _encode_piece(
     columns: the same bytes as the loops there."""
     sp = trace.spans
     meta: list[bytes] = []
-    tids = [0] * len(trace.tracks)
-    cats = [b'"cpu"'] * len(trace.tracks)
-    for t in dict.fromkeys(tracks):  # the piece's tracks, first-seen order
-        tids[t] = writer.tid(trace, t, 0, meta)
-        if trace.tracks[t].kind == "cuda":
-            cats[t] = b'"cuda"'
-    out.extend(meta)
+
+    def track_info(t: int) -> tuple[int, bytes]:  # asked in the order the tracks first appear
+        return writer.tid(trace, t, 0, meta), b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"'
+
     names = trace.names
     name_json = writer.name_json
     while len(name_json) < len(names):
@@ -727,9 +724,10 @@ def _encode_piece(
     args = sp.args[lo:hi]
     enc = (name_json, sp.name[lo:hi], tracks, starts, ends, args)
     try:  # as _args_json: orjson for every args dict, or the cleaning dumps for all when one fails
-        body = _encode_rows(*enc, _orjson_args, tids, cats, writer.pid, base_ns)
+        body = _encode_rows(*enc, _orjson_args, track_info, writer.pid, base_ns)
     except (TypeError, orjson.JSONEncodeError):
-        body = _encode_rows(*enc, dumps, tids, cats, writer.pid, base_ns)
+        body = _encode_rows(*enc, dumps, track_info, writer.pid, base_ns)
+    out.extend(meta)  # new tracks' metadata first (a retry finds its tracks named already)
     out.append(body)
 
 
