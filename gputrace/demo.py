@@ -176,7 +176,7 @@ def clear_previous(out_dir: str) -> list[str]:
     import glob
 
     removed = []
-    for pattern in ("trace_rank*.json", "trace_rank*.pftrace", "digest_rank*.json", "merged.json", "merged.pftrace"):
+    for pattern in ("trace_rank*.json", "trace_rank*.pftrace", "digest_rank*.digest", "merged.json", "merged.pftrace"):
         for path in glob.glob(os.path.join(out_dir, pattern)):
             os.remove(path)
             removed.append(path)

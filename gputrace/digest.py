@@ -2,7 +2,7 @@
 
 Takes: a rank's spans as it resolves them (each flushed chunk, a `Trace` of one process), or a
 whole trace file. Gives: the rank's digest, written atomically beside its trace as
-`digest_rank{R}.json`; and, from many digests, the `Summary` that `gputrace summary` prints,
+`digest_rank{R}.digest`; and, from many digests, the `Summary` that `gputrace summary` prints,
 without reading the traces.
 
 Why: at thousands of ranks the traces hold billions of spans, and no one machine should read
@@ -79,7 +79,7 @@ DIGEST_MIN_RANKS = 65
 _COLL = 1  # flags: the span has a `collective` argument
 _COLL_TRUE = 2  # ... and it is true
 _UNFINISHED = 4  # the span was open when the trace was written
-_DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.json$|\.digest\.json$")
+_DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.digest$|\.digest$")
 _TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
 #: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
 #: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.
@@ -89,14 +89,15 @@ _NAME_KEY = 1 << _KEY_BITS
 
 
 def digest_path(trace_path: str) -> str:
-    """Where the digest of `trace_path` lies: `trace_rank3.json` -> `digest_rank3.json` beside
-    it (a name that the `trace_rank*.json` globs of merge and summary do not pick up), any
-    other `x.json` -> `x.digest.json`."""
+    """Where the digest of `trace_path` lies: `trace_rank3.json` -> `digest_rank3.digest` beside
+    it (a name that the `trace_rank*.json` globs of merge and summary do not pick up, nor tools
+    that take every `*.json` of a directory for a trace, as HTA does), any other `x.json` ->
+    `x.digest`."""
     directory, base = os.path.split(trace_path)
     m = _TRACE_NAME.match(base)
     if m:
-        return os.path.join(directory, f"digest_rank{m.group(1)}.json")
-    return os.path.join(directory, os.path.splitext(base)[0] + ".digest.json")
+        return os.path.join(directory, f"digest_rank{m.group(1)}.digest")
+    return os.path.join(directory, os.path.splitext(base)[0] + ".digest")
 
 
 def is_digest_path(path: str) -> bool:
@@ -793,9 +794,9 @@ def find(paths: Iterable[str]) -> Inputs:
     for p in paths:
         if os.path.isdir(p):
             found = sorted(f for pattern in TRACE_GLOBS for f in glob.glob(os.path.join(p, pattern)))
-            found_digests = sorted(glob.glob(os.path.join(p, "digest_rank*.json")))
+            found_digests = sorted(glob.glob(os.path.join(p, "digest_rank*.digest")))
             if not found and not found_digests:
-                raise GputraceError(f"{p}: no trace_rank*.json, trace_rank*.pftrace or digest_rank*.json files here")
+                raise GputraceError(f"{p}: no trace_rank*.json, trace_rank*.pftrace or digest_rank*.digest files here")
             traces += found
             digests += found_digests
         elif any(c in p for c in "*?["):
@@ -1187,7 +1188,7 @@ def summary_of_files(
 def gather(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
     """Collective (every rank of `group` calls it, after `gputrace.save()`): each rank's digest
     goes to rank `dst`, which writes them all into `out_dir` (default: its output directory) as
-    `digest_rank{R}.json`, so that `gputrace summary` there reads every rank without their
+    `digest_rank{R}.digest`, so that `gputrace summary` there reads every rank without their
     traces. Returns the paths written (on `dst`; an empty list elsewhere)."""
     import torch.distributed as dist
 
@@ -1220,7 +1221,7 @@ def gather(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[
             continue
         data = zlib.decompress(blob)
         doc = orjson.loads(data)
-        dest = os.path.join(directory, f"digest_rank{int(doc['rank'])}.json")
+        dest = os.path.join(directory, f"digest_rank{int(doc['rank'])}.digest")
         if os.path.abspath(dest) != os.path.abspath(path or ""):
             with atomic_writer(dest) as f:
                 f.write(data)

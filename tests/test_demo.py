@@ -55,7 +55,7 @@ def test_a_new_demo_removes_the_files_of_an_earlier_one(tmp_path: Path) -> None:
 
     from gputrace.cli import main
 
-    stale = [tmp_path / "trace_rank1.json", tmp_path / "digest_rank1.json", tmp_path / "merged.json"]
+    stale = [tmp_path / "trace_rank1.json", tmp_path / "digest_rank1.digest", tmp_path / "merged.json"]
     for p in stale:
         p.write_text("{}")
     keep = tmp_path / "notes.txt"

@@ -156,8 +156,8 @@ def digest_summary(paths: list[str], skip: int = 0) -> stats.Summary:
 
 def test_a_recording_writes_its_digest_beside_its_trace(job: Path) -> None:
     files = sorted(os.listdir(job))
-    assert files == [f"digest_rank{r}.json" for r in range(WORLD)] + [f"trace_rank{r}.json" for r in range(WORLD)]
-    doc = orjson.loads((job / "digest_rank0.json").read_bytes())
+    assert files == [f"digest_rank{r}.digest" for r in range(WORLD)] + [f"trace_rank{r}.json" for r in range(WORLD)]
+    doc = orjson.loads((job / "digest_rank0.digest").read_bytes())
     assert doc["format"] == digest.FORMAT and doc["rank"] == 0 and doc["world_size"] == WORLD
     assert doc["run_id"] == "digest-test" and doc["step_name"] == "step"
     assert doc["trace"] == "trace_rank0.json" and doc["trace_bytes"] == os.path.getsize(job / "trace_rank0.json")
@@ -182,7 +182,7 @@ def test_a_recording_writes_its_digest_beside_its_trace(job: Path) -> None:
     header = orjson.loads((job / "trace_rank0.json").read_bytes())["metadata"]
     assert doc["metadata"] == header
     # The last rank saved inside an open step and all_reduce: unfinished rows, flagged.
-    last = orjson.loads((job / f"digest_rank{WORLD - 1}.json").read_bytes())
+    last = orjson.loads((job / f"digest_rank{WORLD - 1}.digest").read_bytes())
     assert last["unfinished"] == 2 and sum(1 for f in last["spans"]["flags"] if f & 4) == 2
 
 
@@ -314,7 +314,7 @@ def test_a_stale_or_missing_digest_is_computed_from_its_trace(
 ) -> None:
     for f in os.listdir(job):
         (tmp_path / f).write_bytes((job / f).read_bytes())
-    (tmp_path / "digest_rank1.json").unlink()
+    (tmp_path / "digest_rank1.digest").unlink()
     with open(tmp_path / "trace_rank2.json", "ab") as f:
         f.write(b" ")  # the trace changed after its digest was written
     paths = [str(tmp_path / f"trace_rank{r}.json") for r in range(WORLD)]
@@ -328,18 +328,18 @@ def test_a_stale_or_missing_digest_is_computed_from_its_trace(
 
 def test_digests_follow_merge_checks(tmp_path: Path, job: Path) -> None:
     """Mixed runs and the same rank twice are the errors merge makes of them."""
-    d0 = digest.read(str(job / "digest_rank0.json"))
-    other = tmp_path / "digest_rank0.json"
-    other.write_bytes((job / "digest_rank0.json").read_bytes())
+    d0 = digest.read(str(job / "digest_rank0.digest"))
+    other = tmp_path / "digest_rank0.digest"
+    other.write_bytes((job / "digest_rank0.digest").read_bytes())
     with pytest.raises(gputrace.MergeError, match="rank 0 appears twice"):
         digest.load([d0, digest.read(str(other))])
-    doc = orjson.loads((job / "digest_rank1.json").read_bytes())
+    doc = orjson.loads((job / "digest_rank1.digest").read_bytes())
     doc["metadata"]["run_id"] = "another-run"
     with pytest.raises(gputrace.MergeError, match="different runs"):
-        digest.load([digest.read(str(job / "digest_rank0.json")), digest.from_document(doc, "x/digest_rank1.json")])
-    bad = tmp_path / "cut" / "digest_rank0.json"
+        digest.load([digest.read(str(job / "digest_rank0.digest")), digest.from_document(doc, "x/digest_rank1.digest")])
+    bad = tmp_path / "cut" / "digest_rank0.digest"
     bad.parent.mkdir()
-    bad.write_bytes((job / "digest_rank0.json").read_bytes()[:500])
+    bad.write_bytes((job / "digest_rank0.digest").read_bytes()[:500])
     r = CliRunner().invoke(main, ["summary", str(bad)])
     assert r.exit_code == 2 and "not a gputrace digest" in r.output and r.output.count("\n") == 1
 
@@ -358,7 +358,7 @@ def test_the_step_name_option_marks_the_digests_steps(tmp_path: Path) -> None:
             with gputrace.span("fwd"):
                 time.sleep(0.0002)
     gputrace.save()
-    doc = orjson.loads((tmp_path / "digest_rank0.json").read_bytes())
+    doc = orjson.loads((tmp_path / "digest_rank0.digest").read_bytes())
     assert doc["step_name"] == "iteration" and len(doc["spans"]["name"]) == 3
     s = digest.summary_of_files([str(tmp_path)])  # no --step: the digests' own step name
     assert s.steps is not None and s.steps.name == "iteration" and s.steps.count == 3
@@ -387,7 +387,7 @@ def test_a_perfetto_stream_writes_its_digest_too(tmp_path: Path) -> None:
         if i % 6 == 5:
             gputrace.flush()
     trace = gputrace.save()
-    assert trace.endswith("trace_rank0.pftrace") and (tmp_path / "digest_rank0.json").is_file()
+    assert trace.endswith("trace_rank0.pftrace") and (tmp_path / "digest_rank0.digest").is_file()
     assert_same(full_summary([trace]), digest_summary([trace]), approximate={"fwd"})
 
 
@@ -405,7 +405,7 @@ def test_sigterm_finishes_the_trace_and_writes_the_digest(tmp_path: Path) -> Non
     proc.terminate()
     proc.communicate(timeout=60)
     trace = str(tmp_path / "trace_rank0.json")
-    d = digest.read(str(tmp_path / "digest_rank0.json"))
+    d = digest.read(str(tmp_path / "digest_rank0.digest"))
     assert d.trace_bytes == os.path.getsize(trace)
     assert_same(full_summary([trace]), digest_summary([trace]), approximate={"op"})
 
@@ -486,11 +486,11 @@ def test_gloo_ranks_summary_from_digests_equals_full(gloo: tuple[Path, dict[int,
 def test_gather_brings_every_digest_to_rank_0(gloo: tuple[Path, dict[int, Any]]) -> None:
     out, results = gloo
     home = out / "rank0"
-    assert sorted(results[0]["gathered"]) == [str(home / "digest_rank0.json"), str(home / "digest_rank1.json")]
+    assert sorted(results[0]["gathered"]) == [str(home / "digest_rank0.digest"), str(home / "digest_rank1.digest")]
     assert results[1]["gathered"] == []
     # The same digest (the process's exit saved once more: its header says how the rank was found).
-    there = orjson.loads((out / "rank1" / "digest_rank1.json").read_bytes())
-    here = orjson.loads((home / "digest_rank1.json").read_bytes())
+    there = orjson.loads((out / "rank1" / "digest_rank1.digest").read_bytes())
+    here = orjson.loads((home / "digest_rank1.digest").read_bytes())
     for key in ("rank", "run_id", "spans", "stats", "names", "tracks", "base_ns"):
         assert here[key] == there[key]
     assert here["metadata"]["clock"] == there["metadata"]["clock"]
