@@ -129,7 +129,7 @@ def resolve_py(
     id_of = store.id_of
     extent = store.child_extent
     for s in done:
-        track = s.track
+        track = s.stack.track  # the track it was recorded on (s.track, one call less)
         dev = track.device
         if dev is None:
             start, end = s.t0 + offset, s.t1 + offset
