@@ -163,24 +163,27 @@ class Builder:
             self.tracks.append(key)
         return i
 
-    def add(self, trace: Trace) -> None:
+    def add(self, trace: Trace, lo: int = 0, hi: int | None = None) -> None:
         """Take in one chunk: the spans of the rank's own process in `trace` (other tools'
         processes are left out, as the summary leaves them out). The chunk's columns are copied
         into a batch, worked through BATCH_SPANS at a time: a flush of a few spans then costs a
         copy, and the work per batch is C loops over many spans."""
         sp = trace.spans
-        if not len(sp):
+        hi = len(sp) if hi is None else min(hi, len(sp))
+        if hi <= lo:
             return
+        whole = lo == 0 and hi == len(sp)
         remap = [self._intern(x) for x in trace.names]
         procs = trace.processes
         own = [procs[t.process].rank is not None and not procs[t.process].foreign for t in trace.tracks]
         tmap = [self._track(t) if ok else -1 for t, ok in zip(trace.tracks, own)]
         b = self._batch
-        b[0].extend(sp.name if remap == list(range(len(remap))) else map(remap.__getitem__, sp.name))
-        b[1].extend(sp.track if tmap == list(range(len(tmap))) else map(tmap.__getitem__, sp.track))
-        b[2].extend(sp.start)
-        b[3].extend(sp.end)
-        b[4].extend(sp.args)
+        name, track = (sp.name, sp.track) if whole else (sp.name[lo:hi], sp.track[lo:hi])
+        b[0].extend(name if remap == list(range(len(remap))) else map(remap.__getitem__, name))
+        b[1].extend(track if tmap == list(range(len(tmap))) else map(tmap.__getitem__, track))
+        b[2].extend(sp.start if whole else sp.start[lo:hi])
+        b[3].extend(sp.end if whole else sp.end[lo:hi])
+        b[4].extend(sp.args if whole else sp.args[lo:hi])
         if len(b[0]) >= BATCH_SPANS:
             self._work()
 
@@ -562,7 +565,8 @@ def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = N
         where = trace_path or "the trace"
         raise GputraceError(f"{where} is not one rank's gputrace trace, so it has no digest; summarize it with --full")
     b = Builder(step_name)
-    b.add(trace)
+    for lo in range(0, len(trace.spans), BATCH_SPANS):  # in batches: memory stays a batch's
+        b.add(trace, lo, lo + BATCH_SPANS)
     meta = dict(own[0].metadata or {k: v for k, v in trace.metadata.items() if k != "base_ns"})
     meta.setdefault("rank", own[0].rank)
     if "world_size" not in meta and isinstance(trace.metadata.get("world_size"), int):

@@ -47,6 +47,7 @@ import bisect
 import json
 import os
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -134,14 +135,14 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     # Each written track's spans, in the order the JSON writer lays them out (its tids too).
     sp = trace.spans
     cats = any(c is not None for c in sp.cat)
-    groups: dict[ProcessWriter, dict[int, list[int]]] = {}
+    groups: dict[ProcessWriter, dict[int, array[int]]] = {}
     for w, rows, lanes in pieces:
         g = groups.setdefault(w, {})
         keys = [(t << 24) | k for t, k in zip([sp.track[r] for r in rows], lanes)]
         for key in dict.fromkeys(keys):
             if key not in g:
                 w.tid(trace, key >> 24, key & 0xFFFFFF, [])  # tids in the JSON writer's order
-                g[key] = []
+                g[key] = array("q")  # 8 bytes a row: a save needs little beyond the spans
         if len(g) == 1:
             g[keys[0]].extend(rows)
         else:
