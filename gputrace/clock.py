@@ -80,12 +80,16 @@ def take_anchor(
     tries: int,
     release: Callable[[Any], None] = lambda ev: None,
     wait: Callable[[Any], None] = lambda ev: ev.synchronize(),
+    good_ns: int = 0,
 ) -> Anchor:
-    """Record a reference event on an idle side stream and wait for it, `tries` times; keep the
-    try with the least round trip. The event ran between the two host readings, so the midpoint
-    is off by at most half the round trip."""
+    """Record a reference event on an idle side stream and wait for it, up to `tries` times; keep
+    the try with the least round trip. The event ran between the two host readings, so the
+    midpoint is off by at most half the round trip. A try whose round trip is within `good_ns`
+    ends the search: more tries would cost the host more than they could gain."""
     best: tuple[int, int, Any] | None = None
     for _ in range(max(1, tries)):
+        if best is not None and best[1] - best[0] <= good_ns:
+            break
         ev = new_event()
         t0 = clock.monotonic_ns()
         record(ev, side_stream)

@@ -130,9 +130,9 @@ class Session:
             if rec is None:
                 device = None
                 if self.config.cuda and _cuda_available():
-                        from gputrace.cuda import CudaDevice
+                    from gputrace.cuda import CudaDevice
 
-                        device = CudaDevice()
+                    device = CudaDevice()
                 record.bind_compile_check()
                 rec = Recorder(self.config, device, self.host_clock())
                 self.started_ns = self.host_clock().now()
@@ -190,12 +190,14 @@ class Session:
                     self.counter_names.append(name)
                 self.counters.append(track, now, float(value))
 
-    def rank_trace(self, rec: Recorder, store: SpanStore | None = None) -> Trace:
+    def rank_trace(self, rec: Recorder, store: SpanStore | None = None, chunk: bool = False) -> Trace:
         """The recorder's resolved spans (and the session's counters) as a `Trace` of one
-        process. The span columns are the store's own arrays, not copies."""
+        process. The span columns are the store's own arrays, not copies. A `chunk` (what a
+        flush appends to a stream) carries no metadata: the stream's header has it, and building
+        it every flush would cost more as the run grows (it summarises every anchor)."""
         store = rec.store if store is None else store
         info = rank_info(self.config.rank)
-        meta = self.metadata(rec, store)
+        meta = self.metadata(rec, store) if not chunk else {"rank": info.rank}
         trace = Trace(meta)
         trace.metadata["world_size"] = info.world_size
         p = trace.add_process(Process(info.rank + 1, info.rank, self.process_label(rec, info.rank), info.rank, meta))
@@ -221,9 +223,13 @@ class Session:
         label_dev = ", ".join(sorted({devices[d] for d in used})) if used else "cpu"
         return f"rank {rank} ({socket.gethostname()}, {label_dev})"
 
-    @staticmethod
-    def _devices(rec: Recorder) -> list[str]:
-        return [rec.device.name(d) for d in range(rec.device.count())] if rec.device is not None else []
+    def _devices(self, rec: Recorder) -> list[str]:
+        # Asked once per recorder: every flush of a stream labels its chunk.
+        cached = getattr(self, "_device_names", None)
+        if cached is None or cached[0] is not rec:
+            names = [rec.device.name(d) for d in range(rec.device.count())] if rec.device is not None else []
+            cached = self._device_names = (rec, names)
+        return cached[1]
 
     def metadata(self, rec: Recorder, store: SpanStore, unfinished: int = 0) -> dict[str, Any]:
         info = rank_info(self.config.rank)
@@ -302,7 +308,7 @@ class Session:
         if stream is None:
             stream = self._open_stream(rec) if self.stream is None else self._resume(rec)
         store = rec.store
-        trace = self.rank_trace(rec, store)
+        trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
         if self._header_changed(stream):
@@ -333,7 +339,7 @@ class Session:
         if stream is None or stream.closed or rec is None:
             return stream.path if stream is not None else None
         snapshot = rec.resolve_open()
-        trace = self.rank_trace(rec, snapshot)
+        trace = self.rank_trace(rec, snapshot, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         stream.append(trace, range(len(snapshot)), ())
         digest.feed(stream, trace, self.config.step_name)

@@ -154,3 +154,18 @@ def test_events_after_the_newest_anchor_wait_for_the_next(monkeypatch: pytest.Mo
 
 def test_float32_helper_matches_ieee_single() -> None:
     assert f32(0.1) != 0.1 and abs(f32(0.1) - 0.1) < 1e-8
+
+
+def test_an_anchor_stops_trying_once_a_round_trip_is_good_enough() -> None:
+    from gputrace.clock import take_anchor
+
+    fake = FakeDevice(wake_ns=4_000)
+    clock = HostClock(monotonic_ns=fake.monotonic_ns, realtime_ns=lambda: fake.now)
+    side = fake.side_stream(0)
+    before = fake.syncs
+    take_anchor(fake.new_event, fake.record, side, clock, tries=5)
+    assert fake.syncs - before == 5  # no bar yet: every try
+    before = fake.syncs
+    a = take_anchor(fake.new_event, fake.record, side, clock, tries=5, good_ns=3 * 4_000)
+    assert fake.syncs - before == 1  # the first try was within the bar
+    assert a.uncertainty_ns <= 6_000
