@@ -517,9 +517,50 @@ def write_trace(trace: Trace, path: str, fmt: str) -> None:
     if fmt == "perfetto":
         from gputrace.trace import perfetto
 
-        perfetto.write(trace, path, ordered=True)
+        if len(trace.spans) > 4 * 16384:  # large: piece by piece, memory near the spans held
+            _write_perfetto_in_pieces(trace, path)
+        else:  # small: one pass, which compresses a small file better
+            perfetto.write(trace, path, ordered=True)
     else:
         chrome.write(trace, path, ordered=True)
+
+
+def _write_perfetto_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:
+    """A rank's trace as protobuf, written the way a streamed run writes it: piece by piece in
+    the order the spans ended, so memory stays near the spans held (the whole-trace writer
+    orders each track at once). Atomic: a temporary file renamed over `path` when finished."""
+    import tempfile
+
+    from gputrace.trace import perfetto
+    from gputrace.trace.files import publish
+
+    rng = trace.time_range()
+    base = rng[0] if rng else 0
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+    os.close(fd)
+    info = trace.metadata.get("world_size")
+    process = trace.processes[0]
+    header = {
+        "distributedInfo": {"rank": process.rank, "world_size": info},
+        "metadata": {k: v for k, v in trace.metadata.items() if k != "base_ns"},
+    }
+    try:
+        writer = perfetto.StreamWriter(tmp, base, process, header)
+        n = len(trace.spans)
+        for lo in range(0, max(n, 1), piece):
+            counters = range(len(trace.counters)) if lo == 0 else ()
+            writer.append(trace, range(lo, min(lo + piece, n)), counters)
+        header["metadata"]["overflow_tracks"] = writer.overflow_tracks()
+        writer.finish(header)
+        publish(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _convert(src: str, dst: str, fmt: str) -> None:

@@ -253,3 +253,24 @@ def test_killed_and_terminated_files_load_in_perfetto(tmp_path: Path) -> None:
             assert report["errors"] == [], (path, report["errors"])
             assert report["slices"] == spans_in(path)
             assert report["slices"] >= (flushed if path != termed / "trace_rank0.json" else 1) - 21
+
+
+def test_a_large_protobuf_save_is_written_in_pieces_with_the_same_spans(tmp_path: Path) -> None:
+    from gputrace.trace import perfetto
+
+    gputrace.enable(cuda=False)
+    for step in range(20_000):  # 80k spans: past the size saved in one pass
+        with gputrace.span("step", step=step):
+            with gputrace.span("fwd"):
+                with gputrace.span("layer"):
+                    pass
+            with gputrace.span("bwd"):
+                pass
+    as_json = chrome.read(gputrace.save(str(tmp_path / "t.json")))
+    as_proto = perfetto.read(gputrace.save(str(tmp_path / "t.pftrace")))
+    assert sorted((n, s, e) for n, _, s, e, _ in as_proto.iter_spans()) == sorted(
+        (n, s, e) for n, _, s, e, _ in as_json.iter_spans()
+    )
+    assert [t.name for t in as_proto.tracks] == ["thread MainThread (host)"]  # no overflow lane
+    assert as_proto.metadata["overflow_tracks"] == 0 and as_proto.ranks == [0]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gputrace-")]  # no temporary left
