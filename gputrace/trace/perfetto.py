@@ -347,7 +347,7 @@ class _Encoder:
         return lane
 
     def spans(
-        self, trace: Trace, w: ProcessWriter, track: int, k: int, rows: list[int], cats: bool, out: list[bytes]
+        self, trace: Trace, w: ProcessWriter, track: int, k: int, rows: Sequence[int], cats: bool, out: list[bytes]
     ) -> None:
         """The begin/end events of `rows` (spans of one written track, in the JSON writer's
         order) appended to `out`, after the track's descriptor if it is new. Spans that cannot
