@@ -29,8 +29,11 @@ ARGS = [
 ]
 EMBEDDED = "index.html#!/viewer?mode=embedded"
 
+# Every wait on the page is bounded: a trace processor that never answers fails the test instead
+# of hanging the suite (page.evaluate itself has no timeout).
 QUERY_JS = """async (sql) => {
-  const res = await window.app.trace.engine.query(sql);
+  const late = new Promise((_, reject) => setTimeout(() => reject(new Error('query timed out: ' + sql)), 60000));
+  const res = await Promise.race([window.app.trace.engine.query(sql), late]);
   const cols = res.columns();
   const out = [];
   for (const it = res.iter({}); it.valid(); it.next()) {
@@ -46,7 +49,7 @@ QUERY_JS = """async (sql) => {
 POST_JS = """async ({trace, title}) => {
   const buffer = await (await fetch(trace)).arrayBuffer();
   const ui = window.perfettoUI;
-  await new Promise((resolve) => {
+  await new Promise((resolve, reject) => {
     const onMessage = (e) => {
       if (e.source !== ui || e.data !== 'PONG') return;
       window.removeEventListener('message', onMessage);
@@ -55,6 +58,7 @@ POST_JS = """async ({trace, title}) => {
     };
     window.addEventListener('message', onMessage);
     const timer = setInterval(() => ui.postMessage('PING', '*'), 100);
+    setTimeout(() => { clearInterval(timer); reject(new Error('the Perfetto UI never answered PING')); }, 90000);
   });
   ui.postMessage({perfetto: {buffer, title, keepApiOpen: true}}, '*');
 }"""
@@ -115,7 +119,13 @@ class PerfettoUI:
         page = popup.value
         opener.evaluate(POST_JS, {"trace": f"/traces/{name}", "title": Path(trace_file).name})
         page.wait_for_function("() => window.app && window.app.trace && window.app.trace.engine", timeout=timeout_ms)
-        page.evaluate("async () => { if (window.waitForPerfettoIdle) await window.waitForPerfettoIdle(); }")
+        page.evaluate(
+            """async () => {
+              if (!window.waitForPerfettoIdle) return;
+              const late = new Promise((_, reject) => setTimeout(() => reject(new Error('UI not idle')), 90000));
+              await Promise.race([window.waitForPerfettoIdle(), late]);
+            }"""
+        )
         opener.close()  # a context per load keeps loads apart; browser.close() ends them all
         return page
 
