@@ -310,6 +310,21 @@ def view(
 
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
+    selected = ranks is not None or steps is not None or window is not None
+    digest_doc = None
+    if not selected:  # many ranks: their step digests, and the trace files one window at a time
+        digest_doc = data.from_digests(
+            paths, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths
+        )
+    if digest_doc is not None:
+        click.echo(f"gputrace view: read the step digests of {len(digest_doc['ranks'])} ranks", err=True)
+        if export:
+            write_atomic(export, report.html(digest_doc))
+            click.echo(f"wrote {export}")
+            return
+        assert ui is not None
+        _serve(server.WindowedViewer(files, digest_doc, ui, name=digest_doc["title"]), port, ui, no_browser)
+        return
     click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
     trace = data.load(
         files,
@@ -324,7 +339,10 @@ def view(
         click.echo(f"wrote {export}")
         return
     assert ui is not None
-    viewer = server.Viewer(trace, doc, ui, name=doc["title"])
+    _serve(server.Viewer(trace, doc, ui, name=doc["title"]), port, ui, no_browser)
+
+
+def _serve(viewer: Any, port: int, ui: Any, no_browser: bool) -> None:
     httpd = viewer.serve(port)
     url = f"http://127.0.0.1:{httpd.server_address[1]}/"
     click.echo(f"gputrace view: {url} (timeline from {ui.label}; Ctrl-C stops)")

@@ -131,6 +131,44 @@ def document(
     }
 
 
+def from_digests(
+    paths: Sequence[str],
+    *,
+    step: str = "step",
+    skip_steps: int = 0,
+    require_step: bool = False,
+    inputs: Iterable[str] = (),
+) -> dict[str, Any] | None:
+    """The document from the ranks' step digests, when the ranks are as many as `gputrace
+    summary` reads digests for (else None: read the traces). Its heatmap, collectives and
+    statistics come from the digests; the timeline reads trace files one window at a time
+    (`server.WindowedViewer`), starting with the first steps."""
+    from gputrace import digest
+
+    found = digest.find(paths)
+    if found.ranks < digest.DIGEST_MIN_RANKS or not found.traces:
+        return None
+    digests = digest.collect(found, step)
+    trace, summary = digest.summarize(digests, step, skip_steps, require_step=require_step)
+    doc = document(trace, summary, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
+    doc["spans"] = sum(r.count for r in summary.names)
+    st = summary.steps
+    base = doc["base_ns"]
+    if st is not None and st.count and st.start_ns:
+        last = min(st.count, 3) - 1
+        lo = min(v[0] for v in st.start_ns.values()) - base
+        hi = max(v[last] for v in st.end_ns.values()) - base
+    else:
+        lo, hi = 0, doc["duration_ns"] + 1
+    doc["timeline"] = {**doc["timeline"], "whole": False, "initial": [max(lo, 0), max(hi, lo + 1)]}
+    doc["notes"] = [
+        f"read from the ranks' step digests ({len(digests)} ranks); the timeline reads the trace files one "
+        "window at a time",
+        *doc["notes"],
+    ]
+    return doc
+
+
 def _timeline(trace: Trace, st: stats.Steps | None, base: int) -> dict[str, Any]:
     """What the timeline loads first: the whole trace when the UI can hold it, else a window (the
     first steps, or the first spans) that it can."""

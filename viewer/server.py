@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -177,6 +178,10 @@ class Viewer:
         lo, hi = data.fit_window(self.trace, self.base_ns + start, self.base_ns + end)
         return data.timeline_trace(self.trace, self.base_ns, lo, hi), lo - self.base_ns, hi - self.base_ns
 
+    def download(self) -> Iterator[bytes]:
+        """The trace offered as a download, in pieces."""
+        return data.iter_timeline_trace(self.trace, self.base_ns)
+
     def serve(self, port: int = 0) -> http.server.ThreadingHTTPServer:
         """A server on 127.0.0.1 (port 0: a free one), not yet serving: call serve_forever()."""
         handler: type[_Handler] = type("Handler", (_Handler,), {"viewer": self})
@@ -190,6 +195,41 @@ class Viewer:
         server.daemon_threads = True
         handler.port = server.server_address[1]
         return server
+
+
+class WindowedViewer(Viewer):
+    """A viewer whose document came from the ranks' step digests (many ranks): it holds no trace,
+    and reads each timeline window from the trace files when the page asks for it, keeping only
+    the spans that meet the window. The download is the first window, not the whole run."""
+
+    def __init__(self, files: list[str], doc: dict[str, Any], ui: UISource, name: str = "trace") -> None:
+        super().__init__(Trace(), doc, ui, name)
+        self.files = files
+        initial = doc["timeline"].get("initial") or [0, self.end_ns]
+        self.initial = (int(initial[0]), int(initial[1]))
+
+    def _read(self, start: int, end: int) -> Trace:
+        from gputrace import merge
+
+        trace = merge.load(self.files, window=(self.base_ns + start, self.base_ns + end))
+        sp = trace.spans
+        for i in range(len(sp)):  # a span begun before the digests' first step starts with it
+            if sp.start[i] < self.base_ns:
+                sp.start[i] = self.base_ns
+                sp.end[i] = max(sp.end[i], self.base_ns)
+        return trace
+
+    def whole_trace(self) -> bytes:
+        return self.window(*self.initial)[0]
+
+    def window(self, start: int, end: int) -> tuple[bytes, int, int]:
+        with self._lock:
+            trace = self._read(start, end)
+        lo, hi = data.fit_window(trace, self.base_ns + start, self.base_ns + end)
+        return data.timeline_trace(trace, self.base_ns, lo, hi), lo - self.base_ns, hi - self.base_ns
+
+    def download(self) -> Iterator[bytes]:
+        yield self.whole_trace()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -240,7 +280,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _trace(self, query: dict[str, list[str]], head: bool) -> None:
         v = self.viewer
         if "download" in query:
-            return self._stream(data.iter_timeline_trace(v.trace, v.base_ns), v.filename, head)
+            return self._stream(v.download(), v.filename, head)
         if "start" in query or "end" in query:
             try:
                 start = int(query.get("start", ["0"])[0])
