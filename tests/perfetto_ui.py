@@ -122,8 +122,11 @@ class PerfettoUI:
         page.evaluate(
             """async () => {
               if (!window.waitForPerfettoIdle) return;
-              const late = new Promise((_, reject) => setTimeout(() => reject(new Error('UI not idle')), 90000));
-              await Promise.race([window.waitForPerfettoIdle(), late]);
+              // The trace is loaded once window.app.trace exists (waited for above); the idle
+              // wait only lets the UI finish drawing, and on a loaded machine it can keep
+              // finding work: after 30 s the queries go ahead.
+              const enough = new Promise((resolve) => setTimeout(resolve, 30000));
+              await Promise.race([window.waitForPerfettoIdle(), enough]);
             }"""
         )
         opener.close()  # a context per load keeps loads apart; browser.close() ends them all
