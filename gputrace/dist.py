@@ -404,9 +404,20 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
             rec._anchor(dev)
             batches.append([(_to_host(tl, s, first), _to_host(tl, e, first)) for s, e in events])
         gpu.drain()
-    box = [batches if me == root else None]
-    dist.broadcast_object_list(box, src=root, group=g)
-    ref: list[list[tuple[int, int]]] = box[0]  # type: ignore[assignment]
+    # Rank 0's pairs, as int64 through the gloo group (object collectives would need numpy).
+    import torch
+
+    flat = torch.tensor(
+        [v for batch in batches for pair in batch for v in pair] if me == root else [0] * (2 * sum(map(len, batches))),
+        dtype=torch.int64,
+    )
+    dist.broadcast(flat, src=root, group=g)
+    values = flat.tolist()
+    ref: list[list[tuple[int, int]]] = []
+    k = 0
+    for batch in batches:
+        ref.append([(values[k + 2 * i], values[k + 2 * i + 1]) for i in range(len(batch))])
+        k += 2 * len(batch)
     n = per_batch * len(batches)
     if me == root:
         return DeviceSync(host.at_ns, 0, 0, n, 0)

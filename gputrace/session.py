@@ -618,15 +618,19 @@ def _run_id_from_env(config: Config) -> str | None:
 
 def _shared_run_id(group: Any) -> str | None:
     """Rank 0's id, given to every rank (a collective, called from sync_clocks)."""
+    import torch
     import torch.distributed as dist
 
     from gputrace import dist as gdist
 
-    g = gdist._gloo_group(dist, group)  # objects travel through gloo, whatever the default is
+    g = gdist._gloo_group(dist, group)  # through gloo, whatever the default is
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
-    box = [uuid.uuid4().hex]
-    dist.broadcast_object_list(box, src=ranks[0], group=g)
-    return str(box[0])
+    # 128 bits as two int64 (object collectives would need numpy, which torch does not require).
+    mine = uuid.uuid4().int
+    box = torch.tensor([(mine >> 64) - (1 << 63), (mine & ((1 << 64) - 1)) - (1 << 63)], dtype=torch.int64)
+    dist.broadcast(box, src=ranks[0], group=g)
+    hi, lo = (int(v) + (1 << 63) for v in box.tolist())
+    return f"{(hi << 64) | lo:032x}"
 
 
 SESSION = Session()

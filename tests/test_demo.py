@@ -65,3 +65,28 @@ def test_a_new_demo_removes_the_files_of_an_earlier_one(tmp_path: Path) -> None:
     assert not any(p.exists() for p in stale)
     assert keep.read_text() == "mine" and (tmp_path / "trace_rank0.json").exists()
     assert "removed 3 file(s)" in r.output
+
+
+def test_two_ranks_without_numpy_share_one_run_id(tmp_path: Path) -> None:
+    """torch does not require numpy; gputrace's collectives must not need it either (object
+    collectives do, through tensor.numpy())."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "no_numpy" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError('numpy is not installed here', name='numpy')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "gputrace", "demo", "--ranks", "2", "--steps", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    ids = {json.loads((out / f"trace_rank{k}.json").read_text())["metadata"]["run_id"] for k in range(2)}
+    assert len(ids) == 1 and None not in ids
