@@ -565,14 +565,21 @@ class Recorder:
             snap = SpanStore(self.config.max_spans)
             snap.names, snap._name_index = self.store.names, self.store._name_index  # one set of names
             copies = []
+            # One end for every open span of a track (one host reading; one event a stream), so
+            # spans open inside each other end together and still nest.
+            now = self._mono()
+            ends: dict[int, Any] = {}
             for s in self.open_spans():
                 c = PySpan(s.name, {**(s.args or {}), "unfinished": True})
                 c.stack, c.parent, c.id, c.t0 = s.stack, s.parent, self.store.id_of(s), s.t0
                 if s.stack.device is None:
-                    c.t1 = self._mono()
+                    c.t1 = now
                 else:
-                    c.gen, c.t1 = s.gen, self._new_event()
-                    self._record(c.t1, s.stack.stream)
+                    end = ends.get(id(s.stack))
+                    if end is None:
+                        end = ends[id(s.stack)] = self._new_event()
+                        self._record(end, s.stack.stream)
+                    c.gen, c.t1 = s.gen, end
                 copies.append(c)
             if copies:
                 if self.device is not None:

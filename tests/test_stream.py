@@ -274,3 +274,22 @@ def test_a_large_protobuf_save_is_written_in_pieces_with_the_same_spans(tmp_path
     assert [t.name for t in as_proto.tracks] == ["thread MainThread (host)"]  # no overflow lane
     assert as_proto.metadata["overflow_tracks"] == 0 and as_proto.ranks == [0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gputrace-")]  # no temporary left
+
+
+def test_spans_open_at_save_end_together_and_still_nest(tmp_path: Path) -> None:
+    for fake in (None, FakeDevice()):
+        if fake is None:
+            gputrace.enable(cuda=False)
+        else:
+            session.SESSION.close()
+            install(fake)
+        outer = gputrace.span("outer").start()
+        inner = gputrace.span("inner").start()
+        if fake is not None:
+            fake.work(1_000_000)
+        trace = chrome.read(gputrace.save(str(tmp_path / f"t{fake is not None}.json")))
+        ends = {trace.names[trace.spans.name[i]]: trace.spans.end[i] for i in range(len(trace.spans))}
+        assert ends["inner"] == ends["outer"]
+        assert trace.metadata["overflow_tracks"] == 0 and not any("overflow" in t.name for t in trace.tracks)
+        inner.end()
+        outer.end()
