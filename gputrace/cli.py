@@ -67,6 +67,9 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
     from gputrace import demo as demo_mod
     from gputrace import merge as merge_mod
 
+    from gputrace.config import Config
+
+    Config.from_env()  # a bad GPUTRACE_* setting fails here, before anything is removed
     try:  # before minutes of training, not after; a fresh run, never mixed with an earlier one
         os.makedirs(out_dir, exist_ok=True)
         removed = demo_mod.clear_previous(out_dir)

@@ -657,6 +657,7 @@ class Taken:
     negative: int = 0
     windows: dict[int, tuple[int, int] | None] = dataclasses.field(default_factory=dict)
     nested: list[int] = dataclasses.field(default_factory=list)  # processes whose spans nest as written
+    cut: list[str] = dataclasses.field(default_factory=list)  # files read only up to where they were cut
 
 
 def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int, tuple[int, int] | None]) -> Taken:
@@ -666,6 +667,8 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     sel = ctx.selection
     keep_ranks = ctx.keep_ranks
     res = Taken()
+    if trace.metadata.get("file_cut"):
+        res.cut.append(src.path)
     # Processes.
     proc_map: list[int] = []
     proc_rank: list[int | None] = []
@@ -1307,17 +1310,25 @@ class _Tally:
         self.found: dict[int, int] = {}
         self.names: set[str] = set()
         self.negative = 0
+        self.cut: list[str] = []
 
     def add(self, results: list[Taken]) -> None:
         for r in results:
             self.found.update(r.steps_found)
             self.names |= r.step_names
             self.negative += r.negative
+            self.cut += r.cut
 
     def notes(self, sel: Selection) -> list[str]:
         notes = _finish_checks(sel, self.found, self.names, any(self.found.values()))
         if self.negative:
             notes.append(f"{self.negative} spans that end before they start were left out (Perfetto drops them too)")
+        if self.cut:
+            shown = ", ".join(self.cut[:3]) + (f" and {len(self.cut) - 3} more" if len(self.cut) > 3 else "")
+            notes.append(
+                f"{shown}: not finished (the recording was killed, or the file was cut): read up to the last "
+                "complete event"
+            )
         return notes
 
 

@@ -281,10 +281,14 @@ def _llround(x: float) -> int:
 def format_report(r: Report) -> str:
     status = "ok" if r.ok else "INVALID"
     lines = [
-        f"{r.path}: {status}: {r.spans} spans on {r.tracks} tracks"
-        + (f", {len(r.errors)} errors" if r.errors else "")
-        + (f", {len(r.warnings)} warnings" if r.warnings else "")
+        f"{r.path}: {status}: {_count(r.spans, 'span')} on {_count(r.tracks, 'track')}"
+        + (f", {_count(len(r.errors), 'error')}" if r.errors else "")
+        + (f", {_count(len(r.warnings), 'warning')}" if r.warnings else "")
     ]
     lines += [f"  error: {m}" for m in r.errors]
     lines += [f"  warning: {m}" for m in r.warnings]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

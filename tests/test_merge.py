@@ -530,3 +530,17 @@ def test_perfetto_output_holds_the_same_spans(tmp_path: Path) -> None:
     as_json = tmp_path / "merged.json"
     merge_mod.merge(paths, str(as_json))
     assert os.path.getsize(out) < os.path.getsize(as_json)
+
+
+def test_a_cut_file_is_read_and_said_to_be_cut(tmp_path: Path) -> None:
+    from gputrace.trace import chrome as _chrome
+
+    whole = tmp_path / "trace_rank0.json"
+    _chrome.write(rank_trace(0, world=1), str(whole))
+    data = whole.read_bytes()
+    cut = tmp_path / "cut" / "trace_rank0.json"
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    assert not any("not finished" in n for n in merge.load([str(whole)]).metadata.get("notes", []))
+    notes = merge.load([str(cut)]).metadata.get("notes", [])
+    assert any("not finished" in n and str(cut) in n for n in notes)

@@ -102,13 +102,17 @@ def _parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
         raise TraceFormatError(path, "empty file")
     if body[:1] not in (b"{", b"["):
         raise TraceFormatError(path, "not a JSON trace (it does not start with { or [)")
+    cut = False
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = _repair(path, body)
+        cut = True
     if isinstance(parsed, list):
         header: dict[str, Any] = {}
         events = parsed
+        if cut or not body.rstrip().endswith(b"]"):
+            header["_cut"] = True  # a streamed file whose writer did not finish it
         # A streamed file carries its header as `gputrace` metadata events (the first one, and
         # updates after it: clock syncs, tracks, counts).
         for e in events:
@@ -118,6 +122,8 @@ def _parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     if not isinstance(parsed, dict) or not isinstance(parsed.get("traceEvents"), list):
         raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
     events = parsed.pop("traceEvents")
+    if cut:
+        parsed["_cut"] = True
     return parsed, events
 
 
@@ -195,6 +201,9 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             raise TraceFormatError(path, "baseTimeNanoseconds is not an integer")
     trace = Trace(dict(meta))
     trace.metadata["base_ns"] = base
+    if header.get("_cut"):
+        # Read up to its last complete event: a crash, a kill, or a copy cut short.
+        trace.metadata["file_cut"] = True
     if "world_size" in info:
         trace.metadata.setdefault("world_size", info["world_size"])
     merged = bool(meta.get("merged"))
