@@ -541,6 +541,6 @@ def test_a_cut_file_is_read_and_said_to_be_cut(tmp_path: Path) -> None:
     cut = tmp_path / "cut" / "trace_rank0.json"
     cut.parent.mkdir()
     cut.write_bytes(data[: len(data) * 2 // 3])
-    assert not any("not finished" in n for n in merge.load([str(whole)]).metadata.get("notes", []))
-    notes = merge.load([str(cut)]).metadata.get("notes", [])
+    assert not any("not finished" in n for n in merge_mod.load([str(whole)]).metadata.get("notes", []))
+    notes = merge_mod.load([str(cut)]).metadata.get("notes", [])
     assert any("not finished" in n and str(cut) in n for n in notes)
