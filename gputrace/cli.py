@@ -102,7 +102,7 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
         click.echo(f"wrote {p}")
     if ranks > 1:
         click.echo(f"merged into {shown}")
-    click.echo(f"open it: drag {shown} onto https://ui.perfetto.dev")
+    click.echo(f"look at it: gputrace view {out_dir}   (or drag {shown} onto https://ui.perfetto.dev)")
 
 
 def _summary_text(
