@@ -224,7 +224,7 @@ def test_validate_cli_reports_problems_and_exits_non_zero(tmp_path) -> None:  # 
         pass
     good = gputrace.save(tmp_path / "good")
     r = CliRunner().invoke(main, ["validate", good])
-    assert r.exit_code == 0 and ": ok: 1 spans on 1 tracks" in r.output
+    assert r.exit_code == 0 and ": ok: 1 span on 1 track" in r.output
     r = CliRunner().invoke(main, ["validate", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "Traceback" not in r.output
 
