@@ -66,7 +66,6 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
 
     from gputrace import demo as demo_mod
     from gputrace import merge as merge_mod
-
     from gputrace.config import Config
 
     Config.from_env()  # a bad GPUTRACE_* setting fails here, before anything is removed

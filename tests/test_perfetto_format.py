@@ -225,10 +225,9 @@ def counters_of(trace: Trace) -> list[tuple[Any, ...]]:
 
 
 def small_pieces(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Both writers lay out in pieces of `step` spans (65536 in use): nesting across pieces."""
+    """Both writers lay out in pieces of `step` spans (through chrome.plan_write): nesting across pieces."""
     piece = functools.partial(chrome.layout_pieces, step=step)
     monkeypatch.setattr(chrome, "layout_pieces", piece)
-    monkeypatch.setattr(perfetto, "layout_pieces", piece)
 
 
 # ---- the file -----------------------------------------------------------------------------------

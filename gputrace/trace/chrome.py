@@ -24,6 +24,7 @@ rewrites the file atomically into the object form (header first, then the same e
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import re
 from array import array
@@ -796,12 +797,21 @@ def output_pids(trace: Trace) -> dict[int, int]:
     return out
 
 
-def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
-    """The whole trace as object-form JSON, in pieces (memory: one piece of bytes at a time
-    beyond the columns and one lane per span). `ordered`: the spans of each track are stored in
-    the order they ended (a recorder's are), so no sort is needed before laying them out.
+@dataclasses.dataclass
+class WritePlan:
+    """What both writers decide before writing a whole trace: its base, the pid of each process,
+    the lanes of every span (so the header can count overflow tracks), and the header's fields."""
 
-    The layout runs first, so the header can say how many overflow tracks there are."""
+    base_ns: int
+    pid_of: dict[int, int]
+    writers: dict[int, ProcessWriter]
+    pieces: list[tuple[ProcessWriter, Sequence[int], list[int]]]
+    metadata: dict[str, Any]
+    rank: int | None  # a one-rank trace's rank (merged traces have none)
+    world_size: int | None
+
+
+def plan_write(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> WritePlan:
     rng = trace.time_range()
     if base_ns is None:
         base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
@@ -815,12 +825,22 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
         meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
     writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
     pieces = layout_pieces(trace, writers, ordered)
-    overflow = sum(w.layout.overflow_tracks() for w in writers.values())
     if own and not meta.get("merged"):
-        meta["overflow_tracks"] = overflow
-    yield header_bytes(base_ns, meta, rank, world)
-    yield b"".join(w.process_events() for w in writers.values())
-    for w, rows, lanes in pieces:
+        meta["overflow_tracks"] = sum(w.layout.overflow_tracks() for w in writers.values())
+    return WritePlan(base_ns, pid_of, writers, pieces, meta, rank, world)
+
+
+def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
+    """The whole trace as object-form JSON, in pieces (memory: one piece of bytes at a time
+    beyond the columns and one lane per span). `ordered`: the spans of each track are stored in
+    the order they ended (a recorder's are), so no sort is needed before laying them out.
+
+    The layout runs first, so the header can say how many overflow tracks there are."""
+    plan = plan_write(trace, base_ns, ordered)
+    base_ns, pid_of = plan.base_ns, plan.pid_of
+    yield header_bytes(base_ns, plan.metadata, plan.rank, plan.world_size)
+    yield b"".join(w.process_events() for w in plan.writers.values())
+    for w, rows, lanes in plan.pieces:
         out: list[bytes] = []
         encode_spans(trace, rows, w, base_ns, out, lanes)
         yield b"".join(out)

@@ -64,9 +64,8 @@ from gputrace.trace.chrome import (
     _nest_in_end_order,
     _update_header,
     dumps,
-    layout_pieces,
+    plan_write,
 )
-from gputrace.trace.chrome import output_pids as _output_pids
 from gputrace.trace.files import atomic_writer, read_bytes
 from gputrace.trace.model import Process, Trace, Track
 
@@ -107,22 +106,9 @@ def encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> b
 def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
     """The whole trace in pieces of whole packets (memory: one batch of packets at a time beyond
     the columns, the layout and each track's span order)."""
-    rng = trace.time_range()
-    if base_ns is None:
-        base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
-    own = [p for p in trace.processes if p.rank is not None and not p.foreign]
-    meta = {k: v for k, v in trace.metadata.items() if k != "base_ns"}
-    pid_of = _output_pids(trace)
-    rank = own[0].rank if len(own) == 1 and not meta.get("merged") else None
-    world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
-    if meta.get("merged"):
-        meta["pid_rank"] = {str(pid_of[i]): p.rank for i, p in enumerate(trace.processes) if p.rank is not None}
-        meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
-    writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
-    pieces = layout_pieces(trace, writers, ordered)
-    if own and not meta.get("merged"):
-        meta["overflow_tracks"] = sum(w.layout.overflow_tracks() for w in writers.values())
-    info = {k: v for k, v in (("rank", rank), ("world_size", world)) if v is not None}
+    plan = plan_write(trace, base_ns, ordered)  # the same base, pids and lanes as the JSON writer
+    base_ns, pid_of, pieces, meta = plan.base_ns, plan.pid_of, plan.pieces, plan.metadata
+    info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
     header = {"baseTimeNanoseconds": base_ns, "distributedInfo": info, "metadata": meta}
     header["processes"] = _process_facts(trace.processes, pid_of)
 
