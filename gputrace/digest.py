@@ -1067,32 +1067,13 @@ def _name_stats(
 def _row(name: str, ranks: dict[int, list[Any]], slowest: stats.Instance) -> stats.NameStats:
     totals = {r: a[1] for r, a in ranks.items()}
     count = sum(a[0] for a in ranks.values())
-    total = sum(totals.values())
     hist: Counter[int] = Counter()
     for a in ranks.values():
         hist.update(a[6])
     lo_v = min(a[2] for a in ranks.values())
     hi_v = max(a[3] for a in ranks.values())
     p50, p90, p99 = (_percentile(hist, count, q, lo_v, hi_v) for q in (50, 90, 99))
-    lo = min(totals, key=lambda r: (totals[r], r))
-    hi = max(totals, key=lambda r: (totals[r], -r))
-    return stats.NameStats(
-        name=name,
-        count=count,
-        total_ns=total,
-        mean_ns=total / count if count else 0.0,
-        p50_ns=p50,
-        p90_ns=p90,
-        p99_ns=p99,
-        max_ns=hi_v,
-        ranks=len(totals),
-        min_rank=lo,
-        min_rank_total_ns=totals[lo],
-        max_rank=hi,
-        max_rank_total_ns=totals[hi],
-        imbalance=totals[hi] / totals[lo] if totals[lo] else (math.inf if totals[hi] else 1.0),
-        slowest=slowest,
-    )
+    return stats.name_row(name, count, (p50, p90, p99), hi_v, totals, slowest)
 
 
 def _percentile(hist: Counter[int], n: int, q: int, lo: int, hi: int) -> int:

@@ -394,18 +394,28 @@ def _name_stats(
 
 def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance) -> NameStats:
     """One name's statistics from its ascending durations and its total on each rank."""
+    pct = (percentile(ds, 50), percentile(ds, 90), percentile(ds, 99))
+    return name_row(name, len(ds), pct, ds[-1], totals, slowest)
+
+
+def name_row(
+    name: str, count: int, pct: tuple[int, int, int], max_ns: int, totals: dict[int, int], slowest: Instance
+) -> NameStats:
+    """A name's row from its count, p50/p90/p99, longest and per-rank totals: the ranks with the
+    least and largest total, and the imbalance between them (any source of durations: the spans
+    themselves, or a digest's histograms)."""
     total = sum(totals.values())
     lo = min(totals, key=lambda r: (totals[r], r))
     hi = max(totals, key=lambda r: (totals[r], -r))
     return NameStats(
         name=name,
-        count=len(ds),
+        count=count,
         total_ns=total,
-        mean_ns=total / len(ds),
-        p50_ns=percentile(ds, 50),
-        p90_ns=percentile(ds, 90),
-        p99_ns=percentile(ds, 99),
-        max_ns=ds[-1],
+        mean_ns=total / count if count else 0.0,
+        p50_ns=pct[0],
+        p90_ns=pct[1],
+        p99_ns=pct[2],
+        max_ns=max_ns,
         ranks=len(totals),
         min_rank=lo,
         min_rank_total_ns=totals[lo],

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import atomic_writer, read_bytes
+from gputrace.trace.files import atomic_writer, read_bytes, write_all
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
 try:  # the C encoder of span events (same output as the Python loop below)
@@ -945,10 +945,7 @@ class StreamWriter:
         return {"baseTimeNanoseconds": self.base_ns, **self.header}
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        write_all(self._fd, data)
 
     @property
     def closed(self) -> bool:

@@ -117,3 +117,12 @@ def format_for_path(path: str, fmt: str | None = None) -> str:
             raise GputraceError(f"unknown trace format {fmt!r}: use json or perfetto")
         return "chrome" if fmt in ("chrome", "json") else "perfetto"
     return "perfetto" if path.endswith(PROTO_EXTENSIONS) else "chrome"
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (an append-mode file: each call lands whole at the end while
+    the process lives; a kill can cut only the bytes of a call under way)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

@@ -66,7 +66,7 @@ from gputrace.trace.chrome import (
     dumps,
     plan_write,
 )
-from gputrace.trace.files import atomic_writer, read_bytes
+from gputrace.trace.files import atomic_writer, read_bytes, write_all
 from gputrace.trace.model import Process, Trace, Track
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -622,10 +622,7 @@ class StreamWriter:
         return {"baseTimeNanoseconds": self.base_ns, **self.header, "processes": facts}
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        write_all(self._fd, data)
 
     @property
     def closed(self) -> bool:
