@@ -117,3 +117,43 @@ def read_json(path: Any) -> dict[str, Any]:
 
     with open(path, "rb") as f:
         return orjson.loads(f.read())  # type: ignore[no-any-return]
+
+
+def run_rank_processes(
+    module_args: list[str], world: int, envs: list[dict[str, str | None]] | None = None, timeout: float = 240
+) -> dict[int, dict[str, Any]]:
+    """Start `world` real torch.distributed processes (`python -m <module_args>`, the torchrun
+    variables set, a free port), wait for them, and return each one's last stdout line (JSON
+    with a "rank") by rank. `envs`: extra variables per rank (None values are removed)."""
+    import orjson
+
+    from gputrace.demo import free_port, rank_environment
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
+    pythonpath = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    procs = []
+    for r in range(world):
+        env = {**os.environ, **rank_environment(r, world, port), "PYTHONPATH": pythonpath}
+        for k, v in (envs[r] if envs else {}).items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *module_args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=root,
+            )
+        )
+    results = {}
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        assert p.returncode == 0, stderr
+        line = orjson.loads(stdout.strip().splitlines()[-1])
+        results[line["rank"]] = line
+    return results

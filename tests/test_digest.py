@@ -26,7 +26,7 @@ from gputrace.cli import main
 from gputrace.clock import HostClock
 from gputrace.trace.model import Trace
 
-from .conftest import _reset
+from .conftest import _reset, run_rank_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 EPOCH = 1_700_000_000_000_000_000
@@ -447,29 +447,8 @@ def worker(out: str, shift_ns: int) -> None:
 
 @pytest.fixture(scope="module")
 def gloo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Any]]:
-    from gputrace.demo import free_port, rank_environment
-
     out = tmp_path_factory.mktemp("gloo")
-    port = free_port()
-    pythonpath = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.test_digest", "worker", str(out), str(SHIFT)],
-            env={**os.environ, **rank_environment(r, 2, port), "PYTHONPATH": pythonpath},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for r in range(2)
-    ]
-    results = {}
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, stderr
-        line = orjson.loads(stdout.strip().splitlines()[-1])
-        results[line["rank"]] = line
-    return out, results
+    return out, run_rank_processes(["tests.test_digest", "worker", str(out), str(SHIFT)], 2)
 
 
 @pytest.mark.dist

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -14,10 +11,9 @@ from click.testing import CliRunner
 
 from gputrace import merge as merge_mod
 from gputrace.cli import main
-from gputrace.demo import free_port, rank_environment
 
 from .conftest import read_json as read_trace
-from .conftest import spans_of
+from .conftest import run_rank_processes, spans_of
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,28 +21,7 @@ SHIFT = 50_000_000  # rank 1's host clock runs 50 ms ahead
 
 
 def run_ranks(out: Path, shift_ns: int, world: int = 2) -> dict[int, dict]:
-    port = free_port()
-    pythonpath = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    procs = []
-    for r in range(world):
-        env = {**os.environ, **rank_environment(r, world, port), "PYTHONPATH": pythonpath}
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.dist_worker", str(out), str(shift_ns)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-        )
-    results = {}
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, stderr
-        line = orjson.loads(stdout.strip().splitlines()[-1])
-        results[line["rank"]] = line
-    return results
+    return run_rank_processes(["tests.dist_worker", str(out), str(shift_ns)], world)
 
 
 @pytest.fixture(scope="module")

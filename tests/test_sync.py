@@ -5,15 +5,13 @@ hosts, and `HostClock(shift_ns=...)` gives a played host a clock that is off by 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import orjson
 import pytest
 
 from gputrace import dist as gdist
-from gputrace.demo import free_port, rank_environment
+
+from .conftest import run_rank_processes
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,32 +20,8 @@ SHIFT = 40_000_000  # a "shifted" host's clock runs 40 ms ahead
 
 def run_sync(hosts: list[str], mode: str = "sync") -> dict[int, dict]:
     """One process per entry of `hosts` (its host identity; "" for the real one)."""
-    port = free_port()
-    pythonpath = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    procs = []
-    world = len(hosts)
-    for r, host in enumerate(hosts):
-        env = {**os.environ, **rank_environment(r, world, port), "PYTHONPATH": pythonpath}
-        env.pop(gdist.HOST_ID_ENV, None)
-        if host:
-            env[gdist.HOST_ID_ENV] = host
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.dist_worker", mode, str(SHIFT)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-        )
-    results = {}
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, stderr
-        line = orjson.loads(stdout.strip().splitlines()[-1])
-        results[line["rank"]] = line
-    return results
+    envs: list[dict[str, str | None]] = [{gdist.HOST_ID_ENV: host or None} for host in hosts]
+    return run_rank_processes(["tests.dist_worker", mode, str(SHIFT)], len(hosts), envs)
 
 
 @pytest.fixture(scope="module")
