@@ -28,8 +28,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gputrace.errors import TraceFormatError
 from gputrace.trace import chrome
 from gputrace.trace.files import detect, read_bytes
@@ -66,28 +64,15 @@ def validate_file(path: str, limit: int = 20) -> Report:
         report.errors.append(
             'the file does not start with {" or [{" (whitespace aside): Perfetto will not recognise it as JSON'
         )
-    try:
-        trace: Any = orjson.loads(data)
-        complete = True
-    except orjson.JSONDecodeError:
-        header, events = chrome._parse(path, data)  # a file cut off: its complete events
-        trace = {**header, "traceEvents": events}
-        complete = data.lstrip()[:1] == b"["
-        if not complete:
-            report.errors.append(
-                "the file ends before its closing brackets (cut off?): Perfetto reports the trace as incomplete"
-            )
-    if isinstance(trace, list):
-        events = trace
-        meta: dict[str, Any] = {}
-        trace = {"traceEvents": events, "metadata": meta}
-        for e in events:  # a streamed gputrace file carries its header as metadata events
-            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "gputrace":
-                args = e.get("args")
-                if isinstance(args, dict) and isinstance(args.get("metadata"), dict):
-                    meta.update(args["metadata"])
-    elif not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
+    header, events = chrome.parse(path, data)  # also a file cut off: its complete events
+    trace: dict[str, Any] = {**header, "traceEvents": events}
+    trace.setdefault("metadata", {})
+    complete = not header.get("_cut")
+    if not complete and data.lstrip()[:1] == b"{":
+        # The array form may lack its end (Perfetto reads it as a stream); the object form may not.
+        report.errors.append(
+            "the file ends before its closing brackets (cut off?): Perfetto reports the trace as incomplete"
+        )
     validate(trace, report, limit)
     if report.own and complete and data.lstrip()[:1] == b"{" and _is_rank_file(trace):
         if not _HTA_RANK.search(data[:4096]):

@@ -61,7 +61,7 @@ def read(path: str, data: bytes | None = None) -> Trace:
     the file is not a trace; a file cut off mid-write loses only its last, incomplete event."""
     if data is None:
         data = read_bytes(path)
-    header, events = _parse(path, data)
+    header, events = parse(path, data)
     return _build(path, header, events)
 
 
@@ -93,11 +93,14 @@ def read_header(path: str, limit: int = 1 << 20) -> dict[str, Any]:
                     return dict(ev.get("args") or {})
             except orjson.JSONDecodeError:
                 pass
-    header, _ = _parse(path, read_bytes(path))
+    header, _ = parse(path, read_bytes(path))
     return header
 
 
-def _parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
+def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """The file's top-level keys and its raw events (what `read` builds a `Trace` from, and what
+    `validate` checks rule by rule). A streamed file's `gputrace` metadata events become the
+    header; a file cut off keeps its complete events and gets `"_cut": True` in the header."""
     body = data.lstrip()
     if not body:
         raise TraceFormatError(path, "empty file")
