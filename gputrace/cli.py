@@ -313,35 +313,40 @@ def view(
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
     selected = ranks is not None or steps is not None or window is not None
-    digest_doc = None
-    if not selected:  # many ranks: their step digests, and the trace files one window at a time
-        digest_doc = data.from_digests(
+    # Many ranks: the page from their step digests, the timeline from the files a window at a time.
+    doc = (
+        None
+        if selected
+        else data.from_digests(
             paths, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths
         )
-    if digest_doc is not None:
-        click.echo(f"gputrace view: read the step digests of {len(digest_doc['ranks'])} ranks", err=True)
-        if export:
-            write_atomic(export, report.html(digest_doc))
-            click.echo(f"wrote {export}")
-            return
-        assert ui is not None
-        _serve(server.WindowedViewer(files, digest_doc, ui, name=digest_doc["title"]), port, ui, no_browser)
-        return
-    click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
-    trace = data.load(
-        files,
-        ranks=merge_mod.parse_ranks(ranks) if ranks else None,
-        steps=merge_mod.parse_steps(steps) if steps else None,
-        window=merge_mod.parse_window(window) if window else None,
-        step_name=step or "step",
     )
-    doc = data.document(trace, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths)
+    trace = None
+    if doc is not None:
+        click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
+    else:
+        click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
+        trace = data.load(
+            files,
+            ranks=merge_mod.parse_ranks(ranks) if ranks else None,
+            steps=merge_mod.parse_steps(steps) if steps else None,
+            window=merge_mod.parse_window(window) if window else None,
+            step_name=step or "step",
+        )
+        doc = data.document(
+            trace, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths
+        )
     if export:
         write_atomic(export, report.html(doc))
         click.echo(f"wrote {export}")
         return
     assert ui is not None
-    _serve(server.Viewer(trace, doc, ui, name=doc["title"]), port, ui, no_browser)
+    viewer = (
+        server.Viewer(trace, doc, ui, name=doc["title"])
+        if trace is not None
+        else server.WindowedViewer(files, doc, ui, name=doc["title"])
+    )
+    _serve(viewer, port, ui, no_browser)
 
 
 def _serve(viewer: Any, port: int, ui: Any, no_browser: bool) -> None:
