@@ -1178,7 +1178,7 @@ done:
  * every device (torch's, or a test double) is measured exactly as the Python twin measures it. */
 
 static PyObject *s_index, *s_names, *s_name_index, *s_last_id, *s_capacity, *s_dropped, *s_child_extent,
-    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_query, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[6];
+    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_query, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[4];
 
 /* A span's id, given on first need (as SpanStore.id_of). */
 static long long id_of(Span *s, long long *last_id) {
@@ -1266,11 +1266,78 @@ static Py_ssize_t attr_ssize(PyObject *o, PyObject *attr) {
     return n;
 }
 
+/* The CUDA runtime's own cudaEventElapsedTime and cudaGetLastError, called on the events' raw
+ * handles (`event.cuda_event`): torch's Event.elapsed_time asks both events whether they ran and
+ * sets the device around the same call, ~3 us a call through the H200 VM's gVisor against
+ * ~0.5 us for the call itself. Set by cuda.py from the runtime torch loaded (set_raw_elapsed);
+ * used only for timelines whose `_elapsed` is `g_raw_for` (torch's method), so test doubles and
+ * other devices keep their own. Any failure (an event never recorded, one not yet run, another
+ * context) clears the runtime's error, which torch would otherwise report at its next kernel
+ * launch, and asks torch's method instead, which raises what it raises. */
+typedef int (*raw_elapsed_fn)(float *ms, void *start, void *end);
+typedef int (*raw_clear_fn)(void);
+static raw_elapsed_fn g_raw_elapsed;
+static raw_clear_fn g_raw_clear;
+static PyObject *g_raw_for; /* the Python elapsed callable the raw call stands in for */
+static PyObject *s_cuda_event;
+
+/* An event's raw handle, or NULL (no handle: ask Python). Never leaves an exception set. */
+static void *raw_handle(PyObject *ev) {
+    PyObject *h = PyObject_GetAttr(ev, s_cuda_event);
+    if (!h) { PyErr_Clear(); return NULL; }
+    void *p = PyLong_Check(h) ? PyLong_AsVoidPtr(h) : NULL;
+    Py_DECREF(h);
+    if (PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+    return p;
+}
+
+/* 1 with *ms from the runtime; 0: not answered (ask Python). */
+static int raw_elapsed(PyObject *a, PyObject *b, double *ms) {
+    void *ha = raw_handle(a), *hb;
+    if (!ha || !(hb = raw_handle(b))) return 0;
+    float v = 0.0f;
+    if (g_raw_elapsed(&v, ha, hb) != 0) {
+        if (g_raw_clear) (void)g_raw_clear();
+        return 0;
+    }
+    *ms = (double)v; /* what torch returns: the runtime's float32, widened */
+    return 1;
+}
+
+PyDoc_STRVAR(set_raw_elapsed_doc,
+             "set_raw_elapsed(elapsed_ptr, clear_ptr, stands_for, /)\n--\n\n"
+             "Use the C functions at these addresses (cudaEventElapsedTime, cudaGetLastError) on the raw\n"
+             "handles of events whose timeline measures with `stands_for`; 0 turns it off.");
+static PyObject *hot_set_raw_elapsed(PyObject *self, PyObject *args) {
+    PyObject *fn, *clear, *for_;
+    if (!PyArg_ParseTuple(args, "OOO", &fn, &clear, &for_)) return NULL;
+    void *pf = PyLong_AsVoidPtr(fn), *pc = PyLong_AsVoidPtr(clear);
+    if (PyErr_Occurred()) return NULL;
+    g_raw_elapsed = (raw_elapsed_fn)pf;
+    g_raw_clear = (raw_clear_fn)pc;
+    SETREF(g_raw_for, pf ? Py_NewRef(for_) : NULL);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(raw_elapsed_ms_doc,
+             "raw_elapsed_ms(a, b, /)\n--\n\n"
+             "Milliseconds from event a to event b through the raw call set by set_raw_elapsed, or None\n"
+             "where it gives no answer.");
+static PyObject *hot_raw_elapsed_ms(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    double ms;
+    if (!g_raw_elapsed || !raw_elapsed(a, b, &ms)) Py_RETURN_NONE;
+    return PyFloat_FromDouble(ms);
+}
+
 /* A DeviceTimeline read once per resolve, where it is of the class itself: its locate() and
  * to_host_ns() (clock.interpolate) are then done here, with the same float steps, calling its
- * own `_elapsed` for each event; anything else goes through the timeline's methods. */
+ * own `_elapsed` for each event (or the raw call standing in for it); anything else goes
+ * through the timeline's methods. */
 typedef struct {
     PyObject *elapsed, *anchors, *segs; /* owned */
+    int raw;                            /* measure through g_raw_elapsed first */
 } Timeline;
 
 static void timeline_clear(Timeline *t) {
@@ -1284,6 +1351,7 @@ static int timeline_read(Timeline *t, PyObject *tl) {
     if (!(t->elapsed = PyObject_GetAttr(tl, s_elapsed_attr)) || !(t->anchors = PyObject_GetAttr(tl, s_anchors)) ||
         !(t->segs = PyObject_GetAttr(tl, s_segment_ms)))
         return -1;
+    t->raw = g_raw_elapsed != NULL && t->elapsed == g_raw_for;
     if (!PyList_Check(t->anchors) || !PyList_Check(t->segs) || PyList_Size(t->segs) != PyList_Size(t->anchors)) {
         PyErr_SetString(PyExc_TypeError, "resolve: a timeline's anchors and segments are not lists of one length");
         return -1;
@@ -1306,12 +1374,17 @@ static int timeline_locate(Timeline *t, PyObject *event, Py_ssize_t first, Py_ss
     for (Py_ssize_t i = first > 0 ? first : 0; i < n; i++) {
         PyObject *ref = PyObject_GetAttr(PyList_GetItem(t->anchors, i), s_event_attr);
         if (!ref) return -1;
-        PyObject *r = PyObject_CallFunctionObjArgs(t->elapsed, ref, event, NULL);
-        Py_DECREF(ref);
-        if (!r) return -1;
-        if (!PyFloat_CheckExact(r)) { Py_DECREF(r); return 1; }
-        double v = PyFloat_AsDouble(r);
-        Py_DECREF(r);
+        double v;
+        if (!t->raw || !raw_elapsed(ref, event, &v)) {
+            PyObject *r = PyObject_CallFunctionObjArgs(t->elapsed, ref, event, NULL);
+            Py_DECREF(ref);
+            if (!r) return -1;
+            if (!PyFloat_CheckExact(r)) { Py_DECREF(r); return 1; }
+            v = PyFloat_AsDouble(r);
+            Py_DECREF(r);
+        } else {
+            Py_DECREF(ref);
+        }
         if (v <= 0.0) {
             *k = i;
             *d = v;
@@ -1446,10 +1519,12 @@ static PyObject *hot_split_finished(PyObject *self, PyObject *args) {
     for (Py_ssize_t g = 0; g < ng; g++) {
         Py_ssize_t m = 0;
         for (Py_ssize_t i = head[g]; i >= 0; i = next[i]) idx[m++] = i;
-        /* On one stream events complete in order: the finished spans are a prefix. */
+        /* On one stream events complete in order: the finished spans are a prefix. The last is
+         * asked first (at a flush a step the GPU has usually finished them all: one query, each
+         * ~1.5 us on the H200 VM), then a binary search. */
         Py_ssize_t lo = 0, hi = m;
         while (lo < hi) {
-            Py_ssize_t mid = (lo + hi) / 2;
+            Py_ssize_t mid = hi == m ? m - 1 : (lo + hi) / 2;
             PyObject *q = PyObject_CallMethodObjArgs(((Span *)PyList_GetItem(pending, idx[mid]))->t1, s_query, NULL);
             if (!q) goto out;
             int t = PyObject_IsTrue(q);
@@ -1495,8 +1570,8 @@ PyDoc_STRVAR(resolve_doc,
              "when a span is of another type: the Python twin resolves those.");
 
 typedef struct {
-    long long start, end, id, parent;
-    long name, track;
+    long long start, end;
+    long track;
 } Row;
 
 static PyObject *hot_resolve(PyObject *self, PyObject *args) {
@@ -1611,10 +1686,6 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         row->start = start;
         row->end = end;
         row->track = track_of[i];
-        row->id = id_of(s, &last_id);
-        if (row->id == -1 && PyErr_Occurred()) goto done_;
-        row->parent = parent ? id_of(parent, &last_id) : 0;
-        if (row->parent == -1 && PyErr_Occurred()) goto done_;
         names[nrows] = Py_NewRef(s->name);
         nrows++;
         if (s->owner && s->owner != Py_None) {
@@ -1650,7 +1721,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         PyObject *namelist = index ? PyObject_GetAttr(store, s_names) : NULL;
         if (!namelist) { Py_XDECREF(index); goto done_; }
         long *cn = PyMem_Malloc(sizeof(long) * 2 * (size_t)(keep ? keep : 1));
-        long long *cq = PyMem_Malloc(sizeof(long long) * 4 * (size_t)(keep ? keep : 1));
+        long long *cq = PyMem_Malloc(sizeof(long long) * 2 * (size_t)(keep ? keep : 1));
         int bad = !cn || !cq || !PyDict_Check(index) || !PyList_Check(namelist);
         if (!cn || !cq) PyErr_NoMemory();
         else if (bad) PyErr_SetString(PyExc_TypeError, "resolve: the store's names are not a list and a dict");
@@ -1677,8 +1748,6 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             cn[keep + j] = rows[j].track;
             cq[j] = rows[j].start;
             cq[keep + j] = rows[j].end;
-            cq[2 * keep + j] = rows[j].id;
-            cq[3 * keep + j] = rows[j].parent;
         }
         Py_DECREF(index);
         Py_DECREF(namelist);
@@ -1686,9 +1755,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             bad = column_extend(store, s_cols[0], cn, sizeof(long), keep) < 0 ||
                   column_extend(store, s_cols[1], cn + keep, sizeof(long), keep) < 0 ||
                   column_extend(store, s_cols[2], cq, sizeof(long long), keep) < 0 ||
-                  column_extend(store, s_cols[3], cq + keep, sizeof(long long), keep) < 0 ||
-                  column_extend(store, s_cols[4], cq + 2 * keep, sizeof(long long), keep) < 0 ||
-                  column_extend(store, s_cols[5], cq + 3 * keep, sizeof(long long), keep) < 0;
+                  column_extend(store, s_cols[3], cq + keep, sizeof(long long), keep) < 0;
         }
         PyMem_Free(cn);
         PyMem_Free(cq);
@@ -1744,6 +1811,8 @@ static PyMethodDef hot_methods[] = {
     {"install", hot_install, METH_VARARGS, install_doc},
     {"set_check_at", hot_set_check_at, METH_VARARGS, set_check_at_doc},
     {"set_capture", hot_set_capture, METH_O, set_capture_doc},
+    {"set_raw_elapsed", hot_set_raw_elapsed, METH_VARARGS, set_raw_elapsed_doc},
+    {"raw_elapsed_ms", hot_raw_elapsed_ms, METH_VARARGS, raw_elapsed_ms_doc},
     {"open", hot_open, METH_O, open_doc},
     {"close", hot_close, METH_O, close_doc},
     {NULL},
@@ -1788,6 +1857,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_segment_ms = PyUnicode_InternFromString("segment_ms");
     s_host_ns = PyUnicode_InternFromString("host_ns");
     s_event_attr = PyUnicode_InternFromString("event");
+    s_cuda_event = PyUnicode_InternFromString("cuda_event");
     s_names = PyUnicode_InternFromString("names");
     s_name_index = PyUnicode_InternFromString("_name_index");
     s_last_id = PyUnicode_InternFromString("_last_id");
@@ -1801,8 +1871,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_frombytes = PyUnicode_InternFromString("frombytes");
     s_args_attr = PyUnicode_InternFromString("args");
     {
-        static const char *cols[6] = {"name", "track", "start", "end", "id", "parent"};
-        for (int i = 0; i < 6; i++)
+        static const char *cols[4] = {"name", "track", "start", "end"};
+        for (int i = 0; i < 4; i++)
             if (!(s_cols[i] = PyUnicode_InternFromString(cols[i]))) goto fail;
     }
     SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);

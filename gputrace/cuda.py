@@ -6,6 +6,9 @@ path. Tests drive the same recorder with a fake device that has these methods.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +27,10 @@ class CudaDevice:
         self.elapsed: Callable[[Any, Any], float] = c._CudaEventBase.elapsed_time
         self.is_capturing: Callable[[], bool] = c._cuda_isCurrentStreamCapturing
         self._event: Any = torch.cuda.Event
+        self._memory_stats: Callable[[int], Any] | None = getattr(c, "_cuda_memoryStats", None)
         self._side: dict[int, Any] = {}
         watch_graph_capture(torch)
+        bind_raw_elapsed(self.elapsed)
 
     def count(self) -> int:
         return int(self._torch.cuda.device_count())
@@ -55,12 +60,61 @@ class CudaDevice:
                 torch.cuda.synchronize(dev)
 
     def memory(self, dev: int) -> tuple[int, int]:
-        """The caching allocator's allocated and reserved bytes on `dev` (no device sync)."""
+        """The caching allocator's allocated and reserved bytes on `dev` (no device sync). One
+        call of the allocator's nested statistics (~10 us on the H200 host), not
+        `memory_allocated` and `memory_reserved`, which flatten them each (~70 us each)."""
+        stats = self._memory_stats
+        if stats is not None:
+            nested = stats(dev)
+            try:
+                return int(nested["allocated_bytes"]["all"]["current"]), int(nested["reserved_bytes"]["all"]["current"])
+            except (KeyError, TypeError):  # another torch's layout: the public calls from now on
+                self._memory_stats = None
         cuda = self._torch.cuda
         return int(cuda.memory_allocated(dev)), int(cuda.memory_reserved(dev))
 
     def name(self, dev: int) -> str:
         return str(self._torch.cuda.get_device_name(dev))
+
+
+def runtime_library() -> str | None:
+    """The path of the one CUDA runtime library this process has loaded (torch's), or None
+    (not Linux, none loaded, or more than one: then which is torch's is not known)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    found = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").rpartition(" ")[2]
+                if "/libcudart.so" in path:
+                    found.add(os.path.realpath(path))
+    except OSError:
+        return None
+    return found.pop() if len(found) == 1 else None
+
+
+def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:
+    """Let the C resolve measure events with the runtime's cudaEventElapsedTime on their raw
+    handles, standing in for torch's `elapsed` (which also asks both events whether they ran and
+    sets the device around the call: ~3 us against ~0.5 us a call on the H200 VM). Same float32
+    result; any failure falls back to torch's call. True when bound."""
+    from gputrace import record
+
+    hot = record._hot
+    path = runtime_library()
+    if hot is None or path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(path)  # the loaded library itself: dlopen of a loaded path adds a reference
+        fn = ctypes.cast(lib.cudaEventElapsedTime, ctypes.c_void_p).value
+        clear = ctypes.cast(lib.cudaGetLastError, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return False
+    if not fn or not clear:
+        return False
+    hot.set_raw_elapsed(fn, clear, elapsed)
+    return True
 
 
 def watch_graph_capture(torch: Any) -> None:

@@ -604,7 +604,8 @@ def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:
     """Split closed spans into those whose end event has run and the rest, without waiting.
 
     On one stream events complete in the order they were recorded, so per track the finished
-    spans are a prefix of its pending spans: a binary search asks O(log n) events."""
+    spans are a prefix of its pending spans: the last is asked first (at a flush a step the GPU
+    has usually run them all), then a binary search asks O(log n) events."""
     by_track: dict[int, list[Span]] = {}
     done: list[Span] = []
     for s in pending:
@@ -616,7 +617,7 @@ def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:
     for spans in by_track.values():
         lo, hi = 0, len(spans)  # spans[:lo] finished, spans[hi:] not
         while lo < hi:
-            mid = (lo + hi) // 2
+            mid = len(spans) - 1 if hi == len(spans) else (lo + hi) // 2
             if spans[mid].t1.query():
                 lo = mid + 1
             else:

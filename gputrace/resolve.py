@@ -31,8 +31,6 @@ class SpanStore:
         self.track = array("l")
         self.start = array("q")
         self.end = array("q")
-        self.id = array("q")
-        self.parent = array("q")  # 0: none
         self.args: list[dict[str, Any] | None] = []
         self.dropped = 0
         self._last_id = 0
@@ -42,7 +40,7 @@ class SpanStore:
 
     def clear(self) -> None:
         """Forget the rows (they have been written); names, ids and counts go on."""
-        for col in (self.name, self.track, self.start, self.end, self.id, self.parent):
+        for col in (self.name, self.track, self.start, self.end):
             del col[:]
         self.args = []
 
@@ -70,8 +68,6 @@ class SpanStore:
         tracks: list[int],
         starts: list[int],
         ends: list[int],
-        ids: list[int],
-        parents: list[int],
         args: list[dict[str, Any] | None],
     ) -> None:
         """Append rows column by column (one call per column, not per row)."""
@@ -79,14 +75,12 @@ class SpanStore:
         if len(starts) > room:
             self.dropped += len(starts) - room
             names, tracks, starts, ends = names[:room], tracks[:room], starts[:room], ends[:room]
-            ids, parents, args = ids[:room], parents[:room], args[:room]
+            args = args[:room]
         index = self._name_index
         self.name.extend([index[n] if n in index else self.intern(n) for n in names])
         self.track.extend(tracks)
         self.start.extend(starts)
         self.end.extend(ends)
-        self.id.extend(ids)
-        self.parent.extend(parents)
         self.args.extend(args)
 
 
@@ -123,8 +117,6 @@ def resolve_py(
     tracks: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
-    ids: list[int] = []
-    parents: list[int] = []
     argss: list[dict[str, Any] | None] = []
     id_of = store.id_of
     extent = store.child_extent
@@ -162,12 +154,10 @@ def resolve_py(
         tracks.append(track.index)
         starts.append(start)
         ends.append(end)
-        ids.append(id_of(s))
-        parents.append(id_of(parent) if parent is not None else 0)
         argss.append(args)
         if s.owner is not None:
             s.owner.add_ns(end - start)
-    store.extend(names, tracks, starts, ends, ids, parents, argss)
+    store.extend(names, tracks, starts, ends, argss)
     return later
 
 

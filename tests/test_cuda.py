@@ -224,3 +224,58 @@ def test_streamed_cuda_spans_with_memory_counters_and_a_kill(tmp_path) -> None: 
     assert min(trace.counters.value) > 0  # the matrices are allocated
     # Spans nest on the stream although every flush wrote a piece.
     assert trace.metadata.get("overflow_tracks", 0) == 0 and all("overflow" not in t.name for t in trace.tracks)
+
+
+def test_the_runtime_elapsed_call_gives_torchs_numbers_and_leaves_no_error() -> None:
+    """The C resolve measures events with the CUDA runtime's cudaEventElapsedTime on their raw
+    handles: the same float32 as torch's elapsed_time, no answer (and no error left behind for
+    torch's next launch check) for an event not yet run, and the same span times as resolving
+    through torch's method."""
+    from gputrace import cuda, resolve
+
+    gputrace.enable()
+    rec = record.ACTIVE
+    assert rec is not None and record._hot is not None
+    assert cuda.runtime_library() is not None
+    hot = record._hot
+    x = big(2048)
+    evs = [torch.cuda.Event(enable_timing=True) for _ in range(12)]
+    for e in evs:
+        e.record()
+        x @ x
+    torch.cuda.synchronize()
+    for a in evs:
+        for b in evs[::3]:
+            assert hot.raw_elapsed_ms(a, b) == a.elapsed_time(b)
+    y = big()
+    for _ in range(30):
+        y @ y
+    late = torch.cuda.Event(enable_timing=True)
+    late.record()
+    if not late.query():
+        assert hot.raw_elapsed_ms(evs[0], late) is None
+    never = torch.cuda.Event(enable_timing=True)
+    assert hot.raw_elapsed_ms(evs[0], never) is None
+    (x @ x).sum().item()  # torch's launch checks find no error left by the refusals
+    torch.cuda.synchronize()
+
+    # Span times: the raw call against torch's method, on the same events and anchors.
+    gputrace.reset()
+    for i in range(50):
+        with gputrace.span("mm", i=i):
+            x @ x
+    torch.cuda.synchronize()
+    rec._anchor(0)
+    pending = list(rec.pending)
+    tl = rec.timelines[0]
+    want = []
+    for s in pending:
+        a = tl.locate(s.t0, s.gen)
+        assert a is not None
+        b = tl.locate(s.t1, a[0])
+        assert b is not None
+        want.append((tl.to_host_ns(*a), tl.to_host_ns(*b)))
+    assert resolve._resolve_c is not None
+    rec.flush()
+    got = list(zip(rec.store.start, rec.store.end))
+    assert got == [(s, max(s, e)) for s, e in want]

@@ -143,17 +143,9 @@ def test_random_programs_always_give_valid_complete_traces(program: list[tuple])
     assert sorted(seen) == list(range(len(opened)))  # every span, once
     unfinished = {e["args"]["i"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"].get("unfinished")}
     assert unfinished == set(range(len(opened))) - closed
-    # Parents, from the recorder's store: the span that was innermost when each one opened.
-    store = rec.store
-    id_of_i = {a["i"]: store.id[k] for k, a in enumerate(store.args) if a is not None}
-    i_of_id = {v: k for k, v in id_of_i.items()}
-    for k, a in enumerate(store.args):
-        i = a["i"]
-        parent_id = store.parent[k]
-        want = opened[i][2]
-        got = i_of_id.get(parent_id) if parent_id else None
-        if want is None:
-            assert parent_id == 0
-        elif want in id_of_i:
-            assert got == want, (i, got, want)
+    # Parents, as the recorder keeps them on each span: the span innermost when it opened.
+    index_of = {id(h): i for i, h, _ in opened}
+    for i, h, want in opened:
+        parent = getattr(h, "parent", None)
+        assert (index_of[id(parent)] if parent is not None else None) == want, (i, want)
     assert record.ACTIVE is rec

@@ -14,7 +14,7 @@ import gputrace
 from gputrace import record, resolve
 
 from .conftest import install
-from .fakes import FakeDevice
+from .fakes import FakeDevice, FakeEvent
 
 pytestmark = pytest.mark.skipif(resolve._resolve_c is None, reason="the C resolve loop is not built or not in use")
 
@@ -27,11 +27,11 @@ class Owner:
         self.ns.append(ns)
 
 
-def workload(seed: int, max_spans: int) -> dict[str, Any]:
+def workload(seed: int, max_spans: int, fake: FakeDevice | None = None) -> dict[str, Any]:
     """A seeded mix of device and host spans: nested, misnested, with args, errors and an owner,
     flushed now and then with and without a limit; returns everything resolve produced."""
     rng = random.Random(seed)
-    fake = FakeDevice(rate=1.000002, read_ns=7)
+    fake = fake or FakeDevice(rate=1.000002, read_ns=7)
     rec = install(fake, max_spans=max_spans)
     owner = Owner()
     side = fake.new_stream()
@@ -69,7 +69,7 @@ def workload(seed: int, max_spans: int) -> dict[str, Any]:
     st = rec.store
     return {
         "names": list(st.names),
-        "columns": [list(c) for c in (st.name, st.track, st.start, st.end, st.id, st.parent)],
+        "columns": [list(c) for c in (st.name, st.track, st.start, st.end)],
         "args": list(st.args),
         "dropped": st.dropped,
         "last_id": st._last_id,
@@ -90,6 +90,86 @@ def test_the_c_loop_resolves_as_the_python_one(seed: int, max_spans: int, monkey
     py = workload(seed, max_spans)
     assert len(c["columns"][0]) > 50
     assert c == py
+
+
+class RawEvent(FakeEvent):
+    """A fake event with a raw handle, as torch's events have `cuda_event`."""
+
+    registry: dict[int, RawEvent] = {}
+
+    def __init__(self, dev: FakeDevice) -> None:
+        super().__init__(dev)
+        self.cuda_event = 0x10_0000 + 16 * len(RawEvent.registry)
+        RawEvent.registry[self.cuda_event] = self
+
+
+def fake_torch_elapsed(a: FakeEvent, b: FakeEvent) -> float:
+    """Plays torch's `_CudaEventBase.elapsed_time`: what the raw call stands in for."""
+    CALLS["python"] += 1
+    return a.elapsed_time(b)
+
+
+CALLS = {"python": 0, "raw": 0, "refused": 0, "cleared": 0}
+
+
+class RawDevice(FakeDevice):
+    elapsed = staticmethod(fake_torch_elapsed)
+
+    def new_event(self) -> RawEvent:
+        self.events_made += 1
+        return RawEvent(self)
+
+
+@pytest.mark.filterwarnings("ignore::gputrace.errors.GputraceWarning")
+@pytest.mark.parametrize("refuse_every", [0, 5])
+def test_the_raw_elapsed_call_resolves_as_the_python_method(refuse_every: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C resolve measures events through a C function on their raw handles (the CUDA
+    runtime's cudaEventElapsedTime on a GPU; a C-callable fake of it here, on the fake clock)
+    and gets exactly the rows the Python reference gets through the Python method. A refusal
+    (an event not yet run, another context) clears the runtime's error and asks the method."""
+    import ctypes
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+
+    def raw(out: Any, a: int, b: int) -> int:
+        ea, eb = RawEvent.registry[a], RawEvent.registry[b]
+        if ea.host_ns is None or eb.host_ns is None or not (ea.query() and eb.query()):
+            return 600  # cudaErrorNotReady
+        if refuse_every and (CALLS["raw"] + CALLS["refused"]) % refuse_every == 0:
+            CALLS["refused"] += 1
+            return 400  # cudaErrorInvalidResourceHandle
+        CALLS["raw"] += 1
+        out[0] = ea.elapsed_time(eb)  # stored as float32, as the runtime stores it
+        return 0
+
+    def clear() -> int:
+        CALLS["cleared"] += 1
+        return 0
+
+    raw_c, clear_c = proto(raw), ctypes.CFUNCTYPE(ctypes.c_int)(clear)
+    hot = record._hot
+    addr = ctypes.cast(raw_c, ctypes.c_void_p).value
+    hot.set_raw_elapsed(addr, ctypes.cast(clear_c, ctypes.c_void_p).value, fake_torch_elapsed)
+    try:
+        CALLS.update(python=0, raw=0, refused=0, cleared=0)
+        got = workload(3, 1_000_000, RawDevice(rate=1.000002, read_ns=7))
+        calls = dict(CALLS)
+        ran = [e for e in RawEvent.registry.values() if e.host_ns is not None and e.query()]
+        a, b = ran[0], ran[-1]
+        if not refuse_every:
+            assert hot.raw_elapsed_ms(a, b) == a.elapsed_time(b) != 0.0
+        unrun = RawEvent(a.dev)
+        assert hot.raw_elapsed_ms(a, unrun) is None  # not run: no answer, and the error cleared
+    finally:
+        hot.set_raw_elapsed(0, 0, None)
+    gputrace.reset()
+    monkeypatch.setattr(resolve, "_resolve_c", None)
+    monkeypatch.setattr(record, "_split_c", None)
+    want = workload(3, 1_000_000, FakeDevice(rate=1.000002, read_ns=7))
+    assert got == want and len(got["columns"][0]) > 50
+    assert calls["raw"] > 2 * len(got["columns"][0]) // 3  # the device spans went through the raw call
+    assert CALLS["cleared"] == CALLS["refused"] + 1 and (CALLS["refused"] > 0) == bool(refuse_every)
+    assert calls["python"] >= calls["refused"]  # the Python method stood in for every refusal
 
 
 def test_spans_of_another_type_go_to_the_python_loop() -> None:
