@@ -24,6 +24,7 @@
 #include <time.h>
 #include <stdio.h>
 #include <math.h>
+#include <limits.h>
 
 /* ---- the hot state ------------------------------------------------------------------------ */
 
@@ -1170,6 +1171,278 @@ done:
     return result;
 }
 
+/* ---- per-rank digests: the per-span loops of digest.Builder ------------------------------------ */
+
+/* int64 -> index, open addressing (the (name, warm-up bucket) keys and histogram cells of one
+ * chunk: few, whatever the chunk's length). */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *vals;
+    Py_ssize_t cap, used;
+} I64Map;
+
+static int map_init(I64Map *m, Py_ssize_t cap) {
+    m->cap = cap;
+    m->used = 0;
+    m->keys = PyMem_Malloc(sizeof(long long) * (size_t)cap);
+    m->vals = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+    if (!m->keys || !m->vals) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < cap; i++) m->vals[i] = -1;
+    return 0;
+}
+
+static void map_free(I64Map *m) {
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static Py_ssize_t map_slot(const I64Map *m, long long key) {
+    unsigned long long h = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
+    Py_ssize_t i = (Py_ssize_t)(h >> 20) & (m->cap - 1);
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+/* The index of `key`, given `next` (the number of keys so far) when it is new; -1 on error. */
+static Py_ssize_t map_index(I64Map *m, long long key, Py_ssize_t next) {
+    Py_ssize_t i = map_slot(m, key);
+    if (m->vals[i] >= 0) return m->vals[i];
+    if (2 * (m->used + 1) > m->cap) {
+        I64Map bigger;
+        if (map_init(&bigger, 2 * m->cap) < 0) { map_free(&bigger); return -1; }
+        for (Py_ssize_t j = 0; j < m->cap; j++)
+            if (m->vals[j] >= 0) {
+                Py_ssize_t k = map_slot(&bigger, m->keys[j]);
+                bigger.keys[k] = m->keys[j];
+                bigger.vals[k] = m->vals[j];
+            }
+        bigger.used = m->used;
+        map_free(m);
+        *m = bigger;
+        i = map_slot(m, key);
+    }
+    m->keys[i] = key;
+    m->vals[i] = next;
+    m->used++;
+    return next;
+}
+
+/* Columns as C arrays: names and tracks are array("l"), starts and ends array("q"), all n long. */
+typedef struct {
+    PyObject *b[4]; /* owned bytes */
+    const long *name, *track;
+    const long long *start, *end;
+    Py_ssize_t n;
+} Cols;
+
+static void cols_free(Cols *c) {
+    for (int i = 0; i < 4; i++) Py_CLEAR(c->b[i]);
+}
+
+static int cols_read(Cols *c, PyObject *names, PyObject *tracks, PyObject *starts, PyObject *ends) {
+    PyObject *src[4] = {names, tracks, starts, ends};
+    size_t size[4] = {sizeof(long), sizeof(long), sizeof(long long), sizeof(long long)};
+    Py_ssize_t n[4];
+    memset(c->b, 0, sizeof(c->b));
+    for (int i = 0; i < 4; i++)
+        if (!(c->b[i] = array_bytes(src[i], size[i], &n[i]))) return -1;
+    if (n[1] != n[0] || n[2] != n[0] || n[3] != n[0]) {
+        PyErr_SetString(PyExc_ValueError, "digest: columns of different lengths");
+        return -1;
+    }
+    c->n = n[0];
+    c->name = (const long *)PyBytes_AsString(c->b[0]);
+    c->track = (const long *)PyBytes_AsString(c->b[1]);
+    c->start = (const long long *)PyBytes_AsString(c->b[2]);
+    c->end = (const long long *)PyBytes_AsString(c->b[3]);
+    return 0;
+}
+
+static PyObject *list_ll(const long long *v, Py_ssize_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) { Py_DECREF(l); return NULL; }
+        PyList_SetItem(l, i, x);
+    }
+    return l;
+}
+
+/* bisect.bisect_right(a[0:n], x) */
+static Py_ssize_t bisect_right_ll(const long long *a, Py_ssize_t n, long long x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (x < a[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+PyDoc_STRVAR(digest_rows_doc,
+             "digest_rows(names, tracks, starts, ends, row_mask, /)\n--\n\n"
+             "digest._rows_py: (indices of the spans whose name id is set in row_mask, leaving out other\n"
+             "tools' (track < 0) and inverted ones, the number of inverted spans of the rank's own tracks).");
+static PyObject *hot_digest_rows(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends;
+    const char *mask;
+    Py_ssize_t nmask;
+    if (!PyArg_ParseTuple(args, "OOOOy#", &names, &tracks, &starts, &ends, &mask, &nmask)) return NULL;
+    Cols c;
+    PyObject *rows = NULL, *result = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0 || !(rows = PyList_New(0))) goto out;
+    long long negative = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        if (c.track[i] < 0) continue;
+        if (c.end[i] < c.start[i]) { negative++; continue; }
+        long k = c.name[i];
+        if (k >= 0 && k < nmask && mask[k]) {
+            PyObject *v = PyLong_FromSsize_t(i);
+            if (!v || PyList_Append(rows, v) < 0) { Py_XDECREF(v); goto out; }
+            Py_DECREF(v);
+        }
+    }
+    result = Py_BuildValue("(OL)", rows, negative);
+out:
+    Py_XDECREF(rows);
+    cols_free(&c);
+    return result;
+}
+
+PyDoc_STRVAR(digest_fold_doc,
+             "digest_fold(names, tracks, starts, ends, skip, step_starts, bucket, nb, bounds, /)\n--\n\n"
+             "digest._fold_py: the spans' aggregates per key name * nb + warm-up bucket, leaving out those\n"
+             "set in `skip` (bytes, or None), other tools' and inverted ones. The bucket is `bucket`, or where\n"
+             "bucket < 0 min(bisect_right(step_starts, start), nb - 1). Returns (keys, counts, totals, least,\n"
+             "longest, longest's start, longest's track, histogram key index, histogram bucket, count), keys\n"
+             "and cells in the order first met; the histogram bucket of d is min(bisect_right(bounds, d),\n"
+             "len(bounds) - 1) - 1. NotImplemented where a total would pass 2^63.");
+static PyObject *hot_digest_fold(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends, *skipo, *steps, *boundso;
+    long bucket, nb;
+    if (!PyArg_ParseTuple(args, "OOOOOOllO", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &boundso))
+        return NULL;
+    Cols c;
+    PyObject *sb = NULL, *bb = NULL, *result = NULL;
+    I64Map keys = {0}, cells = {0};
+    long long *agg = NULL, *cell_key = NULL; /* agg: 6 per key; cells: key and count */
+    Py_ssize_t nkeys = 0, ncells = 0, cap_keys = 16, cap_cells = 64, nsteps, nbounds;
+    const char *skip = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0) goto out;
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != c.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_fold: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    if (nb < 1 || !(sb = array_bytes(steps, sizeof(long long), &nsteps)) ||
+        !(bb = array_bytes(boundso, sizeof(long long), &nbounds)) || nbounds < 2 || nbounds > 1000) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "digest_fold: bad buckets");
+        goto out;
+    }
+    const long long *step = (const long long *)PyBytes_AsString(sb), *bound = (const long long *)PyBytes_AsString(bb);
+    if (map_init(&keys, 64) < 0 || map_init(&cells, 256) < 0) goto out;
+    agg = PyMem_Malloc(sizeof(long long) * 6 * (size_t)cap_keys);
+    cell_key = PyMem_Malloc(sizeof(long long) * 2 * (size_t)cap_cells);
+    if (!agg || !cell_key) { PyErr_NoMemory(); goto out; }
+    long long last_key = -1;
+    Py_ssize_t last = -1;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        if ((skip && skip[i]) || c.track[i] < 0) continue;
+        long long st = c.start[i], d = c.end[i] - st;
+        if (d < 0) continue;
+        long b = bucket >= 0 ? bucket : (long)bisect_right_ll(step, nsteps, st);
+        if (b > nb - 1) b = nb - 1;
+        long long key = (long long)c.name[i] * nb + b;
+        Py_ssize_t k;
+        if (key == last_key) {
+            k = last;
+        } else {
+            k = map_index(&keys, key, nkeys);
+            if (k < 0) goto out;
+            if (k == nkeys) { /* a new key */
+                if (nkeys == cap_keys) {
+                    long long *g = PyMem_Realloc(agg, sizeof(long long) * 12 * (size_t)cap_keys);
+                    if (!g) { PyErr_NoMemory(); goto out; }
+                    agg = g;
+                    cap_keys *= 2;
+                }
+                long long *a = agg + 6 * k;
+                a[0] = key; a[1] = 0; a[2] = 0; a[3] = d; a[4] = -1; a[5] = 0;
+                nkeys++;
+            }
+            last_key = key;
+            last = k;
+        }
+        long long *a = agg + 6 * k; /* key, count, total, least, longest, (index of the longest) */
+        a[1]++;
+        if (d > LLONG_MAX - a[2]) { /* a total past 2^63 ns (both >= 0): Python's ints take it */
+            result = Py_NewRef(Py_NotImplemented);
+            goto out;
+        }
+        a[2] += d;
+        if (d < a[3]) a[3] = d;
+        if (d > a[4]) { a[4] = d; a[5] = i; } /* the first of the longest, in the order given */
+        Py_ssize_t hb = bisect_right_ll(bound, nbounds, d);
+        if (hb > nbounds - 1) hb = nbounds - 1;
+        long long ck = (long long)k * 1024 + hb; /* hb - 1 is the histogram bucket, -1 .. 998 */
+        Py_ssize_t j = map_index(&cells, ck, ncells);
+        if (j < 0) goto out;
+        if (j == ncells) {
+            if (ncells == cap_cells) {
+                long long *g = PyMem_Realloc(cell_key, sizeof(long long) * 4 * (size_t)cap_cells);
+                if (!g) { PyErr_NoMemory(); goto out; }
+                cell_key = g;
+                cap_cells *= 2;
+            }
+            cell_key[2 * j] = ck;
+            cell_key[2 * j + 1] = 0;
+            ncells++;
+        }
+        cell_key[2 * j + 1]++;
+    }
+    {
+        long long *col = PyMem_Malloc(sizeof(long long) * (size_t)(7 * (nkeys ? nkeys : 1) + 3 * (ncells ? ncells : 1)));
+        if (!col) { PyErr_NoMemory(); goto out; }
+        long long *kk = col, *cn = kk + nkeys, *tot = cn + nkeys, *lo = tot + nkeys, *hi = lo + nkeys,
+                  *hs = hi + nkeys, *ht = hs + nkeys, *ck = ht + nkeys, *cb = ck + ncells, *cc = cb + ncells;
+        for (Py_ssize_t k = 0; k < nkeys; k++) {
+            long long *a = agg + 6 * k;
+            kk[k] = a[0]; cn[k] = a[1]; tot[k] = a[2]; lo[k] = a[3]; hi[k] = a[4];
+            hs[k] = c.start[a[5]];
+            ht[k] = c.track[a[5]];
+        }
+        for (Py_ssize_t j = 0; j < ncells; j++) {
+            ck[j] = cell_key[2 * j] / 1024;
+            cb[j] = cell_key[2 * j] % 1024 - 1;
+            cc[j] = cell_key[2 * j + 1];
+        }
+        PyObject *parts[10] = {NULL};
+        const long long *srcs[10] = {kk, cn, tot, lo, hi, hs, ht, ck, cb, cc};
+        int ok = 1;
+        for (int p = 0; p < 10 && ok; p++) ok = (parts[p] = list_ll(srcs[p], p < 7 ? nkeys : ncells)) != NULL;
+        if (ok) result = PyTuple_New(10);
+        for (int p = 0; p < 10; p++) {
+            if (result) PyTuple_SetItem(result, p, parts[p]);
+            else Py_XDECREF(parts[p]);
+        }
+        PyMem_Free(col);
+    }
+out:
+    cols_free(&c);
+    Py_XDECREF(sb);
+    Py_XDECREF(bb);
+    map_free(&keys);
+    map_free(&cells);
+    PyMem_Free(agg);
+    PyMem_Free(cell_key);
+    return result;
+}
+
 /* ---- resolving closed spans into a store's columns ---------------------------------------- */
 
 /* The same logic as resolve.resolve (the reference, which also serves every case this does not):
@@ -1812,6 +2085,8 @@ static PyMethodDef hot_methods[] = {
     {"set_check_at", hot_set_check_at, METH_VARARGS, set_check_at_doc},
     {"set_capture", hot_set_capture, METH_O, set_capture_doc},
     {"set_raw_elapsed", hot_set_raw_elapsed, METH_VARARGS, set_raw_elapsed_doc},
+    {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
+    {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
     {"raw_elapsed_ms", hot_raw_elapsed_ms, METH_VARARGS, raw_elapsed_ms_doc},
     {"open", hot_open, METH_O, open_doc},
     {"close", hot_close, METH_O, close_doc},

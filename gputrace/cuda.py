@@ -101,7 +101,7 @@ def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:
     result; any failure falls back to torch's call. True when bound."""
     from gputrace import record
 
-    hot = record._hot
+    hot: Any = getattr(record, "_hot", None)  # the C build in use, or None
     path = runtime_library()
     if hot is None or path is None:
         return False

@@ -40,11 +40,11 @@ import re
 import warnings
 import zlib
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, islice, repeat
-from operator import add, and_, not_, sub
+from itertools import accumulate, compress, repeat
+from operator import sub
 from typing import Any
 
 import orjson
@@ -70,8 +70,6 @@ HIST_ERROR = 2 ** (0.5 / HIST_PER_OCTAVE) - 1
 BUFFER_SPANS = 1 << 18
 #: Chunks wait to be worked through until this many spans have come.
 BATCH_SPANS = 1 << 14
-#: Durations wait to be counted into the histograms until this many have come.
-PENDING_SPANS = 1 << 16
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
 DIGEST_MIN_RANKS = 65
@@ -84,8 +82,6 @@ _TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
 #: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
 #: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.
 _BOUND = [math.ceil(2 ** (b / HIST_PER_OCTAVE)) for b in range(62 * HIST_PER_OCTAVE + 1)]  # to 2^62 ns
-_KEY_BITS = 50  # durations below 2^50 ns (13 days) sort as name * 2^50 + duration
-_NAME_KEY = 1 << _KEY_BITS
 
 
 def digest_path(trace_path: str) -> str:
@@ -113,9 +109,10 @@ class Builder:
     of the first WARMUP_STEPS + 1 steps until those steps are known, and up to BATCH_SPANS
     spans not yet worked through.
 
-    Cost: it runs in the training process at every flush, so the per-span work is C loops
-    (`map`, `compress`, one sort of integer keys); Python runs per name and per histogram
-    bucket a chunk touches, not per span."""
+    Cost: it runs in the training process at every flush, so the per-span work is two C loops
+    over the columns (`_hot.digest_rows`, `_hot.digest_fold`; `_rows_py` and `_fold_py` are
+    their references and the fallback); Python runs per name and per histogram cell a batch
+    touches, and per span only for spans with args."""
 
     def __init__(self, step_name: str = "step") -> None:
         self.step_name = step_name
@@ -131,11 +128,9 @@ class Builder:
         self.step_starts: list[int] = []  # the least WARMUP_STEPS + 1 finished step starts
         self.split: int | None = None  # step_starts[-1] once all WARMUP_STEPS + 1 are known
         self.warmup_exact = True
-        self._buffer = (array("l"), array("l"), array("q"), array("q"))  # name, track, start, duration
+        self._buffer = _new_buffer()
         # name * _NB + warm-up bucket -> [count, total, min, max, start of the max, its track, histogram]
         self.aggs: dict[int, list[Any]] = {}
-        self._pending: dict[int, list[int]] = {}  # sort keys not yet in the histogram of aggs[key]
-        self._pending_n = 0
         # Chunks not yet worked through: name, track (-1: not the rank's), start, end, args.
         self._batch: tuple[array[int], array[int], array[int], array[int], list[Any]] = (
             array("l"),
@@ -188,35 +183,22 @@ class Builder:
             self._work()
 
     def _work(self) -> None:
-        """The batch into the rows and the aggregates."""
+        """The batch into the rows and the aggregates: C loops over the columns where the C
+        build is in use (`_rows_py` and `_fold_py` are their references); Python runs per
+        span only for the few spans with args."""
         names, tracks, start, end, args = self._batch
         self._batch = (array("l"), array("l"), array("q"), array("q"), [])
         n = len(names)
         if not n:
             return
-        np = _numpy()
-        cols: Any = None  # numpy's views of the columns, where numpy is there
-        if np is not None:
-            cols = N, T, S, E = [np.frombuffer(c, dtype=np.int64) for c in (names, tracks, start, end)]
-            D = E - S
-            dur: Sequence[int] = _Lazy(D)
-            foreign, inverted = bool(T.min() < 0), bool(D.min() < 0)
-        else:
-            dur = list(map(sub, end, start))
-            foreign, inverted = min(tracks) < 0, min(dur) < 0
-
-        # Spans left out of the statistics: other tools' (track -1), inverted (merge drops them),
-        # unfinished (the summary counts them apart). Rare, so found by exception.
-        bad: set[int] = set()
-        if foreign:
-            bad.update(compress(range(n), map((-1).__eq__, tracks)))
-        if inverted:
-            neg = [i for i in compress(range(n), map((0).__gt__, dur)) if i not in bad]
-            self.negative += len(neg)
-            bad.update(neg)
+        # Flags from args (rare, so found by skipping the Nones in C): the `collective`
+        # argument, and the unfinished spans, which the statistics leave out (the summary counts
+        # them apart). Other tools' spans (track -1) and inverted ones (merge drops them) are
+        # left out everywhere, by the loops themselves.
         flags: dict[int, int] = {}
+        skip: bytearray | None = None
         for i in compress(range(n), args):
-            if i in bad:
+            if tracks[i] < 0 or end[i] < start[i]:
                 continue
             a = args[i]
             f = 0
@@ -226,22 +208,21 @@ class Builder:
             if a.get("unfinished"):
                 f |= _UNFINISHED
                 self.unfinished += 1
-                bad.add(i)
+                if skip is None:
+                    skip = bytearray(n)
+                skip[i] = 1
             if f:
                 flags[i] = f
+        skipped = bytes(skip) if skip is not None else None
 
         # The rows: spans of row names, and the ones marked collective, in the order written
         # (ties between equal starts then break as they do in the trace).
         row_name = self._row_name
-        if cols is not None:
-            rows = np.flatnonzero(np.array(row_name, dtype=bool)[N]).tolist()
-        else:
-            rows = list(compress(range(n), map(row_name.__getitem__, names)))
+        rows, negative = _rows(names, tracks, start, end, bytes(row_name))
+        self.negative += negative
         marked = [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
         if marked:
             rows = sorted(rows + marked)
-        if bad and rows:
-            rows = [i for i in rows if i not in bad or flags.get(i, 0) & _UNFINISHED]
         if rows:
             r = self.rows
             r[0].extend(map(names.__getitem__, rows))
@@ -249,19 +230,18 @@ class Builder:
             r[2].extend(map(start.__getitem__, rows))
             r[3].extend(map(end.__getitem__, rows))
             r[4].extend([flags.get(i, 0) for i in rows] if flags else repeat(0, len(rows)))
-
-        good: Sequence[int] = range(n) if not bad else [i for i in range(n) if i not in bad]
         step_id = self._name_index.get(self.step_name)
         if step_id is not None:
-            steps = [i for i in rows if names[i] == step_id and i not in bad]  # step spans are rows
+            steps = [start[i] for i in rows if names[i] == step_id and not (skip and skip[i])]
             if steps:
-                self._steps_seen(list(map(start.__getitem__, steps)))
+                self._steps_seen(steps)
         if self.split is None:
             b = self._buffer
-            b[0].extend(map(names.__getitem__, good))
-            b[1].extend(map(tracks.__getitem__, good))
-            b[2].extend(map(start.__getitem__, good))
-            b[3].extend(map(dur.__getitem__, good))
+            b[0].extend(names)
+            b[1].extend(tracks)
+            b[2].extend(start)
+            b[3].extend(end)
+            b[4].extend(skipped if skipped is not None else bytes(n))
             if len(b[0]) > BUFFER_SPANS:
                 # No steps to split at (or steps too long to wait for): the warm-up is not
                 # told apart; everything goes into the last bucket.
@@ -269,20 +249,7 @@ class Builder:
                 self.split = -(1 << 62)
                 self._drain(self.aggs, _REST)
             return
-        first = int(S.min()) if cols is not None else min(start)
-        if first < self.split and any(early := list(map(self.split.__gt__, map(start.__getitem__, good)))):
-            # Spans that began in the warm-up (an outer span closing late): each to its bucket.
-            self._grouped(self.aggs, list(compress(good, early)), names, tracks, start, dur, None)
-            good = list(compress(good, map(not_, early)))
-        if not good:
-            return
-        if cols is not None and int(D.max()) < 1 << _KEY_BITS:
-            self._sorted_np(np, np.asarray(good) if not isinstance(good, range) else None, N, T, S, D)
-        else:
-            self._sorted(self.aggs, good, names, tracks, start, dur)
-
-    def _bucket(self, t: int) -> int:
-        return min(bisect_right(self.step_starts, t), _REST) if self.warmup_exact else _REST
+        self._fold(self.aggs, names, tracks, start, end, skipped, None)
 
     def _steps_seen(self, starts: list[int]) -> None:
         if self.split is not None:
@@ -296,137 +263,44 @@ class Builder:
 
     def _drain(self, aggs: dict[int, list[Any]], bucket: int | None) -> None:
         """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`)."""
-        names, tracks, starts, durs = self._buffer
-        self._grouped(aggs, range(len(names)), names, tracks, starts, durs, bucket)
+        names, tracks, starts, ends, skip = self._buffer
+        self._fold(aggs, names, tracks, starts, ends, bytes(skip) if any(skip) else None, bucket)
         if aggs is self.aggs:
-            self._buffer = (array("l"), array("l"), array("q"), array("q"))
+            self._buffer = _new_buffer()
 
-    def _grouped(
+    def _fold(
         self,
         aggs: dict[int, list[Any]],
-        idx: Sequence[int],
-        names: Sequence[int],
-        tracks: Sequence[int],
-        start: Sequence[int],
-        dur: Sequence[int],
+        names: array[int],
+        tracks: array[int],
+        starts: array[int],
+        ends: array[int],
+        skip: bytes | None,
         bucket: int | None,
     ) -> None:
-        """Rows `idx` into `aggs`, grouped by (name, warm-up bucket) in Python: for the few
-        spans of the warm-up."""
-        by: dict[int, list[int]] = {}
-        for i in idx:
-            by.setdefault(names[i] * _NB + (self._bucket(start[i]) if bucket is None else bucket), []).append(i)
-        for key, g in by.items():
-            ds = list(map(dur.__getitem__, g))
-            a = self._agg(aggs, key, ds, g, start, tracks)
-            _count_into(a[6], sorted(ds))
-
-    @staticmethod
-    def _agg(
-        aggs: dict[int, list[Any]],
-        key: int,
-        ds: list[int],
-        g: Sequence[int],
-        start: Sequence[int],
-        tracks: Sequence[int],
-    ) -> list[Any]:
-        hi, lo = max(ds), min(ds)
-        a = aggs.get(key)
-        if a is None:
-            a = aggs[key] = [0, 0, lo, -1, 0, 0, Counter()]
-        a[0] += len(ds)
-        a[1] += sum(ds)
-        if lo < a[2]:
-            a[2] = lo
-        if hi > a[3]:  # the first of the longest, in the order written (as the summary picks it)
-            i = g[ds.index(hi)]
-            a[3], a[4], a[5] = hi, start[i], tracks[i]
-        return a
-
-    def _sorted(
-        self,
-        aggs: dict[int, list[Any]],
-        good: Sequence[int],
-        names: Sequence[int],
-        tracks: Sequence[int],
-        start: Sequence[int],
-        dur: Sequence[int],
-    ) -> None:
-        """Rows `good` (all past the warm-up) into `aggs` through one sort of integer keys
-        (name, duration): a name's spans are one run of the keys, and its count, least, longest
-        and total come from the run's ends and sum."""
-        ds = list(map(dur.__getitem__, good)) if not isinstance(good, range) else dur
-        if max(ds) >= 1 << _KEY_BITS:  # a span of days: the keys would overlap
-            self._grouped(aggs, good, names, tracks, start, dur, _REST)
-            return
-        ns = list(map(names.__getitem__, good)) if not isinstance(good, range) else names
-        keys = sorted(map(add, map(_NAME_KEY.__mul__, ns), ds))
-        for k in set(ns):
-            base = k * _NAME_KEY
-            lo = bisect_left(keys, base)
-            hi = bisect_left(keys, base + _NAME_KEY, lo)
-            count = hi - lo
-            least, longest = keys[lo] - base, keys[hi - 1] - base
-            key = k * _NB + _REST
-            a = aggs.get(key)
-            if a is None:
-                a = aggs[key] = [0, 0, least, -1, 0, 0, Counter()]
-            a[0] += count
-            a[1] += sum(islice(keys, lo, hi)) - count * base
-            if least < a[2]:
-                a[2] = least
-            if longest > a[3]:  # the first of the longest, in the order written
-                i = next(compress(good, map(and_, map(k.__eq__, ns), map(longest.__eq__, ds))))
-                a[3], a[4], a[5] = longest, start[i], tracks[i]
-            # The keys wait, in sorted runs, to be counted into the histogram many at a time
-            # (Python then runs per bucket of many spans, not per span).
-            p = self._pending.get(key)
-            if p is None:
-                self._pending[key] = keys[lo:hi]
-            else:
-                p += islice(keys, lo, hi)
-        self._pending_n += len(keys)
-        if self._pending_n > PENDING_SPANS:
-            self._fold()
-
-    def _sorted_np(self, np: Any, idx: Any, N: Any, T: Any, S: Any, D: Any) -> None:
-        """`_sorted` in numpy (the same aggregates to the last bit): rows `idx` (None: all)."""
-        if idx is not None:
-            N, T, S, D = N[idx], T[idx], S[idx], D[idx]
-        order = np.argsort(N, kind="stable")  # stable: a name's spans stay in the order written
-        ns, ds = N[order], D[order]
-        firsts = np.concatenate(([0], np.flatnonzero(np.diff(ns)) + 1))
-        ends = np.append(firsts[1:], len(ns))
-        totals = np.add.reduceat(ds, firsts)
-        least = np.minimum.reduceat(ds, firsts)
-        longest = np.maximum.reduceat(ds, firsts)
-        buckets = np.searchsorted(_bound_np(np), ds, side="right")  # bucket + 1, as bisect_right
-        pairs, counts = np.unique(ns * 4096 + buckets, return_counts=True)
-        aggs = self.aggs
-        for k, a0, a1, tot, lo, hi in zip(
-            ns[firsts].tolist(), firsts.tolist(), ends.tolist(), totals.tolist(), least.tolist(), longest.tolist()
-        ):
-            key = k * _NB + _REST
+        """Spans into `aggs`: each in its warm-up bucket by the step starts known (past the
+        split: the last bucket), or all in `bucket`. The loop gives one partial aggregate per
+        key; Python runs per key and per histogram cell, not per span."""
+        if bucket is None:
+            bucket = -1 if self.warmup_exact else _REST
+        steps = array("q", self.step_starts)
+        keys, counts, totals, least, longest, at, on, hkey, hbucket, hcount = _fold_spans(
+            names, tracks, starts, ends, skip, steps, bucket, _NB, _BOUND_COLUMN
+        )
+        entries = []
+        for key, count, total, lo, hi, hs, ht in zip(keys, counts, totals, least, longest, at, on):
             a = aggs.get(key)
             if a is None:
                 a = aggs[key] = [0, 0, lo, -1, 0, 0, Counter()]
-            a[0] += a1 - a0
-            a[1] += tot
+            a[0] += count
+            a[1] += total
             if lo < a[2]:
                 a[2] = lo
             if hi > a[3]:  # the first of the longest, in the order written
-                i = int(order[a0 + int(np.argmax(ds[a0:a1]))])
-                a[3], a[4], a[5] = hi, int(S[i]), int(T[i])
-        for pair, c in zip(pairs.tolist(), counts.tolist()):
-            aggs[(pair >> 12) * _NB + _REST][6][(pair & 4095) - 1] += c
-
-    def _fold(self) -> None:
-        """The durations waiting into their names' histograms."""
-        for key, p in self._pending.items():
-            p.sort()  # runs already sorted: a merge
-            _count_into(self.aggs[key][6], p, key // _NB * _NAME_KEY)
-        self._pending = {}
-        self._pending_n = 0
+                a[3], a[4], a[5] = hi, hs, ht
+            entries.append(a[6])
+        for k, b, c in zip(hkey, hbucket, hcount):
+            entries[k][b] += c
 
     def document(
         self,
@@ -438,7 +312,6 @@ class Builder:
         """The digest as JSON-ready data. `metadata`: the rank's trace metadata as the trace's
         header carries it (rank, world_size, run_id, clock, ...). Building may go on after."""
         self._work()
-        self._fold()
         aggs = self.aggs
         if len(self._buffer[0]):  # fewer steps than the split needs: bucket by the ones known
             aggs = {k: [*v[:6], Counter(v[6])] for k, v in aggs.items()}
@@ -497,65 +370,96 @@ class Builder:
         }
 
 
-_NUMPY: list[Any] = []
+def _new_buffer() -> tuple[array[int], array[int], array[int], array[int], bytearray]:
+    """Spans waiting for the warm-up split: name, track, start, end, left out (1)."""
+    return array("l"), array("l"), array("q"), array("q"), bytearray()
 
 
-def _numpy() -> Any:
-    """numpy when it can be imported (it makes the per-span work ~10x cheaper), else None: the
-    pure-Python path gives the same digest. GPUTRACE_PURE_PYTHON turns it off, as it turns off
-    gputrace's C code."""
-    if not _NUMPY:
-        module: Any = None
-        if os.environ.get("GPUTRACE_PURE_PYTHON", "") in ("", "0"):
-            try:
-                import numpy as module
-            except ImportError:
-                module = None
-        _NUMPY.append(module)
-    return _NUMPY[0]
+_BOUND_COLUMN = array("q", _BOUND)
 
 
-_BOUND_NP: list[Any] = []
+def _rows_py(
+    names: Sequence[int], tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int], row_mask: bytes
+) -> tuple[list[int], int]:
+    """The indices of the spans whose name is a row name, leaving out other tools' (track < 0)
+    and inverted spans; and the number of inverted spans on the rank's own tracks."""
+    rows: list[int] = []
+    negative = 0
+    for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends)):
+        if t < 0:
+            continue
+        if e < s:
+            negative += 1
+        elif 0 <= k < len(row_mask) and row_mask[k]:
+            rows.append(i)
+    return rows, negative
 
 
-def _bound_np(np: Any) -> Any:
-    if not _BOUND_NP:
-        _BOUND_NP.append(np.array(_BOUND, dtype=np.int64))
-    return _BOUND_NP[0]
+def _fold_py(
+    names: Sequence[int],
+    tracks: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    skip: bytes | None,
+    steps: Sequence[int],
+    bucket: int,
+    nb: int,
+    bounds: Sequence[int],
+) -> tuple[list[int], ...]:
+    """Per key name * nb + warm-up bucket (`bucket`, or where it is < 0 the span's place among
+    the step starts): count, total, least, longest, the longest's start and track (the first of
+    the longest); and the histogram cells (key index, histogram bucket, count). Keys and cells
+    in the order first met. Spans set in `skip`, other tools' and inverted ones are left out."""
+    index: dict[int, int] = {}
+    agg: list[list[int]] = []
+    cells: dict[tuple[int, int], int] = {}
+    top = len(bounds) - 1
+    for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends)):
+        d = e - s
+        if t < 0 or d < 0 or (skip is not None and skip[i]):
+            continue
+        key = k * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
+        j = index.get(key)
+        if j is None:
+            j = index[key] = len(agg)
+            agg.append([key, 0, 0, d, -1, 0, 0])
+        a = agg[j]
+        a[1] += 1
+        a[2] += d
+        if d < a[3]:
+            a[3] = d
+        if d > a[4]:
+            a[4], a[5], a[6] = d, s, t
+        cell = (j, min(bisect_right(bounds, d), top) - 1)
+        cells[cell] = cells.get(cell, 0) + 1
+    columns = [[a[f] for a in agg] for f in range(7)]
+    return (*columns, [c[0] for c in cells], [c[1] for c in cells], list(cells.values()))
 
 
-class _Lazy(Sequence[int]):
-    """A numpy column read as a Python sequence, turned into a list only when first read (the
-    numpy path reads durations by index only for the few spans of the warm-up)."""
-
-    def __init__(self, column: Any) -> None:
-        self._column = column
-        self._list: list[int] | None = None
-
-    def _get(self) -> list[int]:
-        if self._list is None:
-            self._list = self._column.tolist()
-        return self._list
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._get()[i]
-
-    def __len__(self) -> int:
-        return len(self._column)
-
-    def __iter__(self) -> Any:
-        return iter(self._get())
+def _c_loops() -> tuple[Any, Any]:
+    """The C build's loops (None, None where it is not built or GPUTRACE_PURE_PYTHON is set)."""
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        return None, None
+    try:
+        from gputrace import _hot
+    except ImportError:
+        return None, None
+    return getattr(_hot, "digest_rows", None), getattr(_hot, "digest_fold", None)
 
 
-def _count_into(hist: Counter[int], ds: list[int], offset: int = 0) -> None:
-    """Ascending durations `ds` (each plus `offset`) into the histogram: one step per bucket
-    that holds any."""
-    at, n = 0, len(ds)
-    while at < n:
-        b = min(bisect_right(_BOUND, ds[at] - offset), len(_BOUND) - 1) - 1
-        nxt = bisect_left(ds, offset + _BOUND[b + 1], at) if b + 2 < len(_BOUND) else n
-        hist[b] += nxt - at
-        at = nxt
+_rows_c, _fold_c = _c_loops()
+
+
+def _rows(*a: Any) -> tuple[list[int], int]:
+    return (_rows_c or _rows_py)(*a)
+
+
+def _fold_spans(*a: Any) -> tuple[list[int], ...]:
+    if _fold_c is not None:
+        got = _fold_c(*a)
+        if got is not NotImplemented:  # totals past 2^63 ns are Python's
+            return got  # type: ignore[no-any-return]
+    return _fold_py(*a)
 
 
 def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = None) -> dict[str, Any]:

@@ -238,7 +238,7 @@ class _NoopSpan:
 # An automatic resolve (the pending list full) works in slices of this many spans until this much
 # time has passed (benchmarks/run.py measures the longest pause a span exit sees).
 AUTO_RESOLVE_SLICE = 512
-AUTO_RESOLVE_BUDGET_NS = 2_000_000
+AUTO_RESOLVE_BUDGET_NS = 1_000_000
 
 # RECORDER is None while recording is off; ACTIVE keeps the last recorder, so spans opened
 # before disable() still close and saving still works.

@@ -58,6 +58,7 @@ class Session:
         self.started_ns = 0
         self.counter_names: list[str] = []  # counter track names, e.g. "cuda:0 memory allocated"
         self.counters = CounterColumns()
+        self._skeleton: Any = None  # a stream chunk's process and tracks, while they last
         self.stream: Any = None  # a chrome or perfetto StreamWriter while streaming
         self.saved = False
         self._atexit = False
@@ -147,6 +148,7 @@ class Session:
         with self.lock:
             self.clock = rec.clock
             self.started_ns = rec.clock.now()
+            self._skeleton = None
             record.set_recorder(rec, rec)
 
     # ---- flush, stream, save -----------------------------------------------------------------
@@ -200,13 +202,22 @@ class Session:
         meta = self.metadata(rec, store) if not chunk else {"rank": info.rank}
         trace = Trace(meta)
         trace.metadata["world_size"] = info.world_size
-        p = trace.add_process(Process(info.rank + 1, info.rank, self.process_label(rec, info.rank), info.rank, meta))
-        for t in rec.tracks:
-            kind = "cpu" if t.device is None else "cuda"
-            trace.add_track(Track(p, t.index, t.name, kind, t.device, t.ordinal))
-        n_tracks = len(trace.tracks)
-        for name in self.counter_names:
-            trace.add_track(Track(p, name, name, "counter", _device_of(name)))
+        # A stream's chunks (one a flush) share their process and tracks while no track is new.
+        key = (rec, info, len(rec.tracks), len(self.counter_names))
+        skeleton = self._skeleton if chunk else None
+        if skeleton is not None and skeleton[0] == key:
+            trace.processes, trace.tracks = list(skeleton[1]), list(skeleton[2])
+        else:
+            label = self.process_label(rec, info.rank)
+            p = trace.add_process(Process(info.rank + 1, info.rank, label, info.rank, meta))
+            for t in rec.tracks:
+                kind = "cpu" if t.device is None else "cuda"
+                trace.add_track(Track(p, t.index, t.name, kind, t.device, t.ordinal))
+            for name in self.counter_names:
+                trace.add_track(Track(p, name, name, "counter", _device_of(name)))
+            if chunk:
+                self._skeleton = (key, list(trace.processes), list(trace.tracks))
+        n_tracks = len(rec.tracks)
         trace.names = store.names
         trace._name_index = store._name_index
         trace.spans = SpanColumns.wrap(store.name, store.track, store.start, store.end, store.args)

@@ -218,22 +218,27 @@ def chunks(trace: Trace, size: int) -> list[Trace]:
     return out
 
 
-@pytest.mark.parametrize("numpy", [True, False], ids=["numpy", "pure-python"])
+def pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest's loops in Python (their references) rather than C."""
+    monkeypatch.setattr(digest, "_rows_c", None)
+    monkeypatch.setattr(digest, "_fold_c", None)
+
+
+@pytest.mark.parametrize("loops", ["c", "python"])
 def test_small_batches_give_the_digest_of_the_whole_trace(
-    job: Path, monkeypatch: pytest.MonkeyPatch, numpy: bool
+    job: Path, monkeypatch: pytest.MonkeyPatch, loops: str
 ) -> None:
     """Fed in chunks and worked through a few spans at a time (steps arriving across batches,
-    spans buffered until the warm-up steps are known, histograms folded many times), the digest
-    is the one made from the whole trace at once; with numpy or without it, the same digest."""
+    spans buffered until the warm-up steps are known, aggregates folded many times), the digest
+    is the one made from the whole trace at once; with the C loops or the Python ones."""
     path = str(job / f"trace_rank{WORLD - 1}.json")  # with unfinished spans
     trace = merge.read_trace(path)
-    whole = digest.from_trace(trace, "step")  # numpy's, where it is installed
-    if not numpy:
-        monkeypatch.setattr(digest, "_NUMPY", [None])
-    else:
-        pytest.importorskip("numpy")
+    whole = digest.from_trace(trace, "step")
+    if loops == "python":
+        pure_python(monkeypatch)
+    elif digest._fold_c is None:
+        pytest.skip("the C build is not in use")
     monkeypatch.setattr(digest, "BATCH_SPANS", 7)
-    monkeypatch.setattr(digest, "PENDING_SPANS", 40)
     b = digest.Builder("step")
     for part in chunks(trace, 13):
         b.add(part)
@@ -242,12 +247,44 @@ def test_small_batches_give_the_digest_of_the_whole_trace(
         assert doc[key] == whole[key], key
 
 
-def test_numpy_and_pure_python_make_the_same_digest(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("numpy")
+def test_the_c_and_python_loops_make_the_same_digest(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if digest._fold_c is None:
+        pytest.skip("the C build is not in use")
     traces = [merge.read_trace(str(job / f"trace_rank{r}.json")) for r in range(WORLD)]
     fast = [digest.from_trace(t, "step") for t in traces]
-    monkeypatch.setattr(digest, "_NUMPY", [None])
+    pure_python(monkeypatch)
     assert [digest.from_trace(t, "step") for t in traces] == fast
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_loops_give_what_their_python_references_give(seed: int) -> None:
+    """Random columns with other tools' spans, inverted and left-out ones, zero and huge
+    durations, warm-up buckets by step starts or one bucket for all."""
+    import random
+    from array import array
+
+    if digest._fold_c is None or digest._rows_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 50, 3000])
+    names = array("l", (rng.randrange(6) for _ in range(n)))
+    tracks = array("l", (rng.choice([0, 1, 2, -1]) if rng.random() < 0.1 else rng.randrange(3) for _ in range(n)))
+    starts = array("q", (rng.randrange(10**12) for _ in range(n)))
+    huge = 2**61 if seed % 2 else 2**40  # totals past 2^63 ns in some runs
+    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**9), huge]) for s in starts))
+    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
+    steps = array("q", sorted(rng.randrange(10**12) for _ in range(rng.randrange(0, 18))))
+    mask = bytes(rng.random() < 0.4 for _ in range(6))
+    assert digest._rows_c(names, tracks, starts, ends, mask) == digest._rows_py(names, tracks, starts, ends, mask)
+    for bucket in (-1, 0, digest._REST):
+        args = (names, tracks, starts, ends, skip, steps, bucket, digest._NB, digest._BOUND_COLUMN)
+        c, py = digest._fold_c(*args), digest._fold_py(*args)
+        if c is NotImplemented:  # a total past 2^63 ns
+            assert max(py[2]) >= 2**63
+            continue
+        assert c == py
+        if n > 100:
+            assert len(c[0]) > 1 and sum(c[1]) > n // 2
 
 
 def test_a_run_too_long_to_wait_for_its_steps_is_not_split(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
