@@ -261,14 +261,20 @@ def _whole_host(steps: int, per: int, directory: str) -> dict[str, float]:
         reset()
         gputrace.enable(cuda=False, **options)
         span, flush = gputrace.span, gputrace.flush
+        flushing = 0.0
         t = time.perf_counter()
         for _ in range(steps):
             for _ in range(per):
                 with span("op"):
                     pass
+            f = time.perf_counter()
             flush()
+            flushing += time.perf_counter() - f
+        s = time.perf_counter()
         gputrace.save(os.path.join(directory, key + ".json") if not options else None)
-        out[key] = time.perf_counter() - t
+        end = time.perf_counter()
+        out[key] = end - t
+        out[key + ":flush"], out[key + ":save"] = flushing, end - s  # parts, not beyond the bare loop
     reset()
     return out
 
@@ -369,13 +375,17 @@ def bench_whole(quick: bool, cuda: bool) -> None:
                 for key, secs in run(steps, per, d).items():
                     res.setdefault(key, []).append(secs)
         bare = statistics.median(res["bare"])
-        per_span = {k: [(v - bare) / n * 1e9 for v in vs] for k, vs in res.items() if k != "bare"}
+        per_span = {k: [(v if ":" in k else v - bare) / n * 1e9 for v in vs] for k, vs in res.items() if k != "bare"}
         g = f"whole cost, {kind} span"
         floor = "2x perf_counter_ns + list append" if kind == "host" else "floor: 2 pooled record + 2 elapsed_time"
         add(Row(g, floor, "ns", per_span["floor"]))
         target = ("<= 3x", 3.0) if kind == "host" else ("<= 1.3x", 1.3)
         add(Row(g, "gputrace: span + flush a step + save", "ns", per_span["gputrace"], floor, *target))
         add(Row(g, "gputrace streamed to out_dir (flush writes)", "ns", per_span["streamed"], floor, *target))
+        for key, label in (("gputrace", ""), ("streamed", ", streamed")):
+            if key + ":flush" in per_span:
+                add(Row(g, f"part: the flushes{label}", "ns", per_span[key + ":flush"], floor))
+                add(Row(g, f"part: the save{label}", "ns", per_span[key + ":save"], floor))
         if "floor_raw" in per_span:
             add(Row(g, "floor with the runtime's cudaEventElapsedTime from C", "ns", per_span["floor_raw"], floor))
     _auto_resolve_pause(quick)

@@ -480,6 +480,106 @@ static PyType_Spec Span_spec = {
     "gputrace._hot.Span", sizeof(Span), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, Span_slots,
 };
 
+/* ---- the handle span() gives while recording is off ------------------------------------------ */
+
+/* record._DisabledSpan in C: a context manager whose enter and exit are C calls, so a disabled
+ * span costs a dict lookup more than a bare no-op context manager written in Python, not two
+ * Python calls more. It remembers its name, so `@span("name")` applied while recording is off
+ * still traces under that name once recording is on. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *name, *args;
+    char cuda, sync;
+} Disabled;
+
+static PyTypeObject *DisabledType;
+
+static int Disabled_init(Disabled *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "args", "cuda", "sync", NULL};
+    PyObject *name, *a = Py_None;
+    int cuda = 1, sync = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Opp", kwlist, &name, &a, &cuda, &sync)) return -1;
+    SETREF(self->name, Py_NewRef(name));
+    SETREF(self->args, Py_NewRef(a));
+    self->cuda = (char)cuda;
+    self->sync = (char)sync;
+    return 0;
+}
+
+static int Disabled_traverse(Disabled *s, visitproc visit, void *arg) {
+    Py_VISIT(s->name);
+    Py_VISIT(s->args);
+    return 0;
+}
+
+static int Disabled_clear(Disabled *s) {
+    Py_CLEAR(s->name);
+    Py_CLEAR(s->args);
+    return 0;
+}
+
+static void Disabled_dealloc(Disabled *s) {
+    PyTypeObject *tp = Py_TYPE(s);
+    PyObject_GC_UnTrack(s);
+    Disabled_clear(s);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(s);
+    Py_DECREF(tp);
+}
+
+static PyObject *Disabled_self(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
+
+static PyObject *Disabled_none(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { Py_RETURN_NONE; }
+
+static PyObject *Disabled_call(Disabled *self, PyObject *args, PyObject *kw) {
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O", &fn)) return NULL;
+    return PyObject_CallFunction(g_traced, "OOOOO", fn, self->name, self->args ? self->args : Py_None,
+                                 self->cuda ? Py_True : Py_False, self->sync ? Py_True : Py_False);
+}
+
+static PyObject *Disabled_repr(Disabled *self) {
+    return PyUnicode_FromFormat("<gputrace span %R (recording off)>", self->name);
+}
+
+static PyMethodDef Disabled_methods[] = {
+    {"__enter__", (PyCFunction)Disabled_self, METH_NOARGS, "__enter__($self, /)\n--\n\nDoes nothing; returns the handle."},
+    {"__exit__", (PyCFunction)(void (*)(void))Disabled_none, METH_FASTCALL,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\nDoes nothing."},
+    {"start", (PyCFunction)Disabled_self, METH_NOARGS, "start($self, /)\n--\n\nDoes nothing; returns the handle."},
+    {"end", (PyCFunction)(void (*)(void))Disabled_none, METH_FASTCALL, "end($self, /)\n--\n\nDoes nothing."},
+    {NULL},
+};
+
+static PyMemberDef Disabled_members[] = {
+    {"name", T_OBJECT_EX, offsetof(Disabled, name), READONLY, "The span's name."},
+    {"args", T_OBJECT, offsetof(Disabled, args), READONLY, "Keyword arguments given to span(), or None."},
+    {"cuda", T_BOOL, offsetof(Disabled, cuda), READONLY, "Timed with CUDA events (else a host span)."},
+    {"sync", T_BOOL, offsetof(Disabled, sync), READONLY, "Synchronises the device around each record."},
+    {NULL},
+};
+
+static PyType_Slot Disabled_slots[] = {
+    {Py_tp_doc,
+     "DisabledSpan(name, args=None, cuda=True, sync=False)\n--\n\n"
+     "What span() gives while recording is off: a do-nothing context manager that remembers its\n"
+     "name (as a decorator it traces under that name once recording is on)."},
+    {Py_tp_init, Disabled_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, Disabled_dealloc},
+    {Py_tp_traverse, Disabled_traverse},
+    {Py_tp_clear, Disabled_clear},
+    {Py_tp_methods, Disabled_methods},
+    {Py_tp_members, Disabled_members},
+    {Py_tp_call, Disabled_call},
+    {Py_tp_repr, Disabled_repr},
+    {0, NULL},
+};
+
+static PyType_Spec Disabled_spec = {
+    "gputrace._hot.DisabledSpan", sizeof(Disabled), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Disabled_slots,
+};
+
 /* ---- span() and the recorder entry points ------------------------------------------------- */
 
 static PyObject *slow_path(PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -1171,6 +1271,25 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(column_range_doc,
+             "column_range(column, /)\n--\n\n"
+             "(least, largest) of an array('q') column, or None when it is empty: min() and max() of it\n"
+             "without a Python int per item.");
+static PyObject *hot_column_range(PyObject *self, PyObject *col) {
+    Py_ssize_t n;
+    PyObject *b = array_bytes(col, sizeof(long long), &n);
+    if (!b) return NULL;
+    if (n == 0) { Py_DECREF(b); Py_RETURN_NONE; }
+    const long long *v = (const long long *)PyBytes_AsString(b);
+    long long lo = v[0], hi = v[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (v[i] < lo) lo = v[i];
+        if (v[i] > hi) hi = v[i];
+    }
+    Py_DECREF(b);
+    return Py_BuildValue("(LL)", lo, hi);
+}
+
 /* ---- per-rank digests: the per-span loops of digest.Builder ------------------------------------ */
 
 /* int64 -> index, open addressing (the (name, warm-up bucket) keys and histogram cells of one
@@ -1282,6 +1401,28 @@ static Py_ssize_t bisect_right_ll(const long long *a, Py_ssize_t n, long long x)
     return lo;
 }
 
+/* min(bisect_right(bound, d), n - 1) for digest.py's histogram bounds (bound[16 o] = 2^o): the
+ * octave from the highest set bit, then 4 steps within it, not 10 over all of them. */
+static Py_ssize_t hist_slot(const long long *bound, Py_ssize_t n, long long d) {
+    Py_ssize_t r;
+#if defined(__GNUC__) || defined(__clang__)
+    if (d > 0) {
+        Py_ssize_t o = 63 - __builtin_clzll((unsigned long long)d), lo = 16 * o, hi = lo + 16;
+        if (hi < n && bound[lo] <= d && d < bound[hi]) {
+            lo++; /* bisect_right lies in (16 o, 16 o + 16] */
+            while (lo < hi) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (d < bound[mid]) hi = mid;
+                else lo = mid + 1;
+            }
+            return lo < n - 1 ? lo : n - 1;
+        }
+    }
+#endif
+    r = bisect_right_ll(bound, n, d);
+    return r < n - 1 ? r : n - 1;
+}
+
 PyDoc_STRVAR(digest_rows_doc,
              "digest_rows(names, tracks, starts, ends, row_mask, /)\n--\n\n"
              "digest._rows_py: (indices of the spans whose name id is set in row_mask, leaving out other\n"
@@ -1387,8 +1528,7 @@ static PyObject *hot_digest_fold(PyObject *self, PyObject *args) {
         a[2] += d;
         if (d < a[3]) a[3] = d;
         if (d > a[4]) { a[4] = d; a[5] = i; } /* the first of the longest, in the order given */
-        Py_ssize_t hb = bisect_right_ll(bound, nbounds, d);
-        if (hb > nbounds - 1) hb = nbounds - 1;
+        Py_ssize_t hb = hist_slot(bound, nbounds, d);
         long long ck = (long long)k * 1024 + hb; /* hb - 1 is the histogram bucket, -1 .. 998 */
         Py_ssize_t j = map_index(&cells, ck, ncells);
         if (j < 0) goto out;
@@ -2086,6 +2226,7 @@ static PyMethodDef hot_methods[] = {
     {"set_capture", hot_set_capture, METH_O, set_capture_doc},
     {"set_raw_elapsed", hot_set_raw_elapsed, METH_VARARGS, set_raw_elapsed_doc},
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
+    {"column_range", hot_column_range, METH_O, column_range_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
     {"raw_elapsed_ms", hot_raw_elapsed_ms, METH_VARARGS, raw_elapsed_ms_doc},
     {"open", hot_open, METH_O, open_doc},
@@ -2152,6 +2293,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     }
     SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);
     if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) goto fail;
+    DisabledType = (PyTypeObject *)PyType_FromSpec(&Disabled_spec);
+    if (!DisabledType || PyModule_AddObject(m, "DisabledSpan", Py_NewRef((PyObject *)DisabledType)) < 0) goto fail;
     StateType = (PyTypeObject *)PyType_FromSpec(&State_spec);
     if (!StateType) goto fail;
     PyObject *layout = layout_tuple();

@@ -691,8 +691,8 @@ def _span_slow(name: Any, args: dict[str, Any]) -> Any:
         raise ValueError(f"timer_type must be TimerType.CUDA or TimerType.CPU, not {timer_type!r}")
     if RECORDER is None:
         if args or not cuda or sync:
-            return _DisabledSpan(name, args or None, cuda, sync)
-        handle = _disabled[name] = _DisabledSpan(name, None, True, False)
+            return DisabledSpan(name, args or None, cuda, sync)
+        handle = _disabled[name] = DisabledSpan(name, None, True, False)
         if len(_disabled) > 4096:  # names built per step must not grow this without bound
             _disabled.clear()
         return handle
@@ -791,14 +791,17 @@ if TYPE_CHECKING:  # both twins have the Python one's interface; checkers see th
     Span = PySpan
     OptSpan = PyOptSpan
     span = _py_span
+    DisabledSpan = _DisabledSpan
 elif _hot is not None:
     Span = _hot.Span
     OptSpan = _hot.Span
     span = _hot.span
+    DisabledSpan = _hot.DisabledSpan
 else:
     Span = PySpan
     OptSpan = PyOptSpan
     span = _py_span
+    DisabledSpan = _DisabledSpan
 
 
 CAPTURES = [0]  # CUDA graph captures under way, as torch.cuda.CUDAGraph reports them

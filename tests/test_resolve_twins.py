@@ -317,3 +317,15 @@ def test_the_c_split_finds_the_finished_spans_the_python_one_finds(seed: int) ->
     done_all, waiting_none, devices_all = record._split_c(pending, True)
     assert [id(s) for s in done_all] == [id(s) for s in pending] and not waiting_none and devices_all == [0, 1]
     rec.flush(wait=True)
+
+
+@pytest.mark.parametrize("n", [1, 2, 1000])
+def test_the_c_column_range_is_min_and_max(n: int) -> None:
+    from gputrace.trace import model
+
+    if model._column_range_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(n)
+    col = array("q", (rng.randrange(-(2**63), 2**63) for _ in range(n)))
+    assert model._column_range(col) == model._column_range_py(col) == (min(col), max(col))
+    assert model._column_range_c(array("q")) is None

@@ -22,10 +22,12 @@ TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str) -> Iterator[BinaryIO]:
+def atomic_writer(path: str, durable: bool = True) -> Iterator[BinaryIO]:
     """A file to write `path` through: a temporary file in the same directory, renamed over
     `path` only when the block ends without an error. An existing file is never half-overwritten
-    and a crash leaves no partial trace."""
+    and a crash leaves no partial trace. `durable`: the data reaches the disk before the rename
+    (fsync), so it survives the machine going down too (data that can be made again, such as a
+    digest, skips it: an fsync costs milliseconds)."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -36,7 +38,8 @@ def atomic_writer(path: str) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "w+b") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         publish(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -15,6 +15,7 @@ parsed file in one pass. Why integer ns: a double in microseconds since the epoc
 from __future__ import annotations
 
 import dataclasses
+import os
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -218,8 +219,8 @@ class Trace:
         lo: list[int] = []
         hi: list[int] = []
         if len(self.spans):
-            lo.append(min(self.spans.start))
-            hi.append(max(self.spans.end))
+            lo.append(_column_range(self.spans.start)[0])
+            hi.append(_column_range(self.spans.end)[1])
         if len(self.counters):
             lo.append(min(self.counters.ts))
             hi.append(max(self.counters.ts))
@@ -245,3 +246,28 @@ class Trace:
 def unfinished_mask(trace: Trace) -> list[bool]:
     """Per span: was it still open when the trace was written (`args.unfinished`)?"""
     return [a is not None and bool(a.get("unfinished")) for a in trace.spans.args]
+
+
+def _column_range_py(column: Sequence[int]) -> tuple[int, int]:
+    return min(column), max(column)
+
+
+def _column_range(column: Sequence[int]) -> tuple[int, int]:
+    """(least, largest) of a non-empty column: one C loop over an array('q') where the C build
+    is in use (min() and max() make a Python int per item: ~70 ns a span at save)."""
+    if _column_range_c is not None and isinstance(column, array) and column.typecode == "q":
+        return _column_range_c(column)  # type: ignore[no-any-return]
+    return _column_range_py(column)
+
+
+def _c_column_range() -> Any:
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from gputrace._hot import column_range
+    except ImportError:
+        return None
+    return column_range
+
+
+_column_range_c = _c_column_range()
