@@ -475,9 +475,9 @@ def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = N
     meta.setdefault("rank", own[0].rank)
     if "world_size" not in meta and isinstance(trace.metadata.get("world_size"), int):
         meta["world_size"] = trace.metadata["world_size"]
-    rng = trace.time_range()
     base = trace.metadata.get("base_ns")
     if not isinstance(base, int) or isinstance(base, bool):
+        rng = trace.time_range()
         base = rng[0] if rng else 0
     return b.document(meta, base, own[0].label, trace_path)
 
