@@ -529,10 +529,22 @@ static void Disabled_dealloc(Disabled *s) {
 
 static PyObject *Disabled_self(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
 
-static PyObject *Disabled_none(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { Py_RETURN_NONE; }
+static PyObject *Disabled_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__() takes exc_type, exc and tb");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Disabled_end(PyObject *self, PyObject *unused) { Py_RETURN_NONE; }
 
 static PyObject *Disabled_call(Disabled *self, PyObject *args, PyObject *kw) {
     PyObject *fn;
+    if (kw && PyDict_Size(kw) > 0) {
+        PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "O", &fn)) return NULL;
     return PyObject_CallFunction(g_traced, "OOOOO", fn, self->name, self->args ? self->args : Py_None,
                                  self->cuda ? Py_True : Py_False, self->sync ? Py_True : Py_False);
@@ -544,10 +556,10 @@ static PyObject *Disabled_repr(Disabled *self) {
 
 static PyMethodDef Disabled_methods[] = {
     {"__enter__", (PyCFunction)Disabled_self, METH_NOARGS, "__enter__($self, /)\n--\n\nDoes nothing; returns the handle."},
-    {"__exit__", (PyCFunction)(void (*)(void))Disabled_none, METH_FASTCALL,
+    {"__exit__", (PyCFunction)(void (*)(void))Disabled_exit, METH_FASTCALL,
      "__exit__($self, exc_type, exc, tb, /)\n--\n\nDoes nothing."},
     {"start", (PyCFunction)Disabled_self, METH_NOARGS, "start($self, /)\n--\n\nDoes nothing; returns the handle."},
-    {"end", (PyCFunction)(void (*)(void))Disabled_none, METH_FASTCALL, "end($self, /)\n--\n\nDoes nothing."},
+    {"end", (PyCFunction)Disabled_end, METH_NOARGS, "end($self, /)\n--\n\nDoes nothing."},
     {NULL},
 };
 
@@ -1426,7 +1438,8 @@ static Py_ssize_t hist_slot(const long long *bound, Py_ssize_t n, long long d) {
 PyDoc_STRVAR(digest_rows_doc,
              "digest_rows(names, tracks, starts, ends, row_mask, /)\n--\n\n"
              "digest._rows_py: (indices of the spans whose name id is set in row_mask, leaving out other\n"
-             "tools' (track < 0) and inverted ones, the number of inverted spans of the rank's own tracks).");
+             "tools' (track < 0) and inverted ones, the number of inverted spans of the rank's own tracks,\n"
+             "the number of other tools' spans).");
 static PyObject *hot_digest_rows(PyObject *self, PyObject *args) {
     PyObject *names, *tracks, *starts, *ends;
     const char *mask;
@@ -1435,9 +1448,9 @@ static PyObject *hot_digest_rows(PyObject *self, PyObject *args) {
     Cols c;
     PyObject *rows = NULL, *result = NULL;
     if (cols_read(&c, names, tracks, starts, ends) < 0 || !(rows = PyList_New(0))) goto out;
-    long long negative = 0;
+    long long negative = 0, foreign = 0;
     for (Py_ssize_t i = 0; i < c.n; i++) {
-        if (c.track[i] < 0) continue;
+        if (c.track[i] < 0) { foreign++; continue; }
         if (c.end[i] < c.start[i]) { negative++; continue; }
         long k = c.name[i];
         if (k >= 0 && k < nmask && mask[k]) {
@@ -1446,7 +1459,7 @@ static PyObject *hot_digest_rows(PyObject *self, PyObject *args) {
             Py_DECREF(v);
         }
     }
-    result = Py_BuildValue("(OL)", rows, negative);
+    result = Py_BuildValue("(OLL)", rows, negative, foreign);
 out:
     Py_XDECREF(rows);
     cols_free(&c);
@@ -1494,13 +1507,18 @@ static PyObject *hot_digest_fold(PyObject *self, PyObject *args) {
     Py_ssize_t last = -1;
     for (Py_ssize_t i = 0; i < c.n; i++) {
         if ((skip && skip[i]) || c.track[i] < 0) continue;
-        long long st = c.start[i], d = c.end[i] - st;
-        if (d < 0) continue;
+        long long st = c.start[i], en = c.end[i];
+        if (en < st) continue;
+        if (st < 0 && en > LLONG_MAX + st) { /* end - start past 2^63: Python's ints take it */
+            result = Py_NewRef(Py_NotImplemented);
+            goto out;
+        }
+        long long d = en - st;
         long b = bucket >= 0 ? bucket : (long)bisect_right_ll(step, nsteps, st);
         if (b > nb - 1) b = nb - 1;
         long long key = (long long)c.name[i] * nb + b;
         Py_ssize_t k;
-        if (key == last_key) {
+        if (last >= 0 && key == last_key) {
             k = last;
         } else {
             k = map_index(&keys, key, nkeys);
@@ -1689,8 +1707,10 @@ static Py_ssize_t attr_ssize(PyObject *o, PyObject *attr) {
  * launch, and asks torch's method instead, which raises what it raises. */
 typedef int (*raw_elapsed_fn)(float *ms, void *start, void *end);
 typedef int (*raw_clear_fn)(void);
+typedef int (*raw_device_fn)(int *device);
 static raw_elapsed_fn g_raw_elapsed;
 static raw_clear_fn g_raw_clear;
+static raw_device_fn g_raw_device; /* cudaGetDevice: the raw call only where the thread's device is the events' */
 static PyObject *g_raw_for; /* the Python elapsed callable the raw call stands in for */
 static PyObject *s_cuda_event;
 
@@ -1718,16 +1738,23 @@ static int raw_elapsed(PyObject *a, PyObject *b, double *ms) {
 }
 
 PyDoc_STRVAR(set_raw_elapsed_doc,
-             "set_raw_elapsed(elapsed_ptr, clear_ptr, stands_for, /)\n--\n\n"
-             "Use the C functions at these addresses (cudaEventElapsedTime, cudaGetLastError) on the raw\n"
-             "handles of events whose timeline measures with `stands_for`; 0 turns it off.");
+             "set_raw_elapsed(elapsed_ptr, clear_ptr, device_ptr, stands_for, /)\n--\n\n"
+             "Use the C functions at these addresses (cudaEventElapsedTime, cudaGetLastError, cudaGetDevice)\n"
+             "on the raw handles of events whose timeline measures with `stands_for`, where the calling\n"
+             "thread's device is the events' (elsewhere the runtime could make a context on another\n"
+             "device: torch's call sets the device around it); 0 turns it off.");
 static PyObject *hot_set_raw_elapsed(PyObject *self, PyObject *args) {
-    PyObject *fn, *clear, *for_;
-    if (!PyArg_ParseTuple(args, "OOO", &fn, &clear, &for_)) return NULL;
-    void *pf = PyLong_AsVoidPtr(fn), *pc = PyLong_AsVoidPtr(clear);
+    PyObject *fn, *clear, *dev, *for_;
+    if (!PyArg_ParseTuple(args, "OOOO", &fn, &clear, &dev, &for_)) return NULL;
+    void *pf = PyLong_AsVoidPtr(fn), *pc = PyLong_AsVoidPtr(clear), *pd = PyLong_AsVoidPtr(dev);
     if (PyErr_Occurred()) return NULL;
+    if (pf && (!pc || !pd)) {
+        PyErr_SetString(PyExc_ValueError, "set_raw_elapsed: the elapsed call needs the error and device calls");
+        return NULL;
+    }
     g_raw_elapsed = (raw_elapsed_fn)pf;
     g_raw_clear = (raw_clear_fn)pc;
+    g_raw_device = (raw_device_fn)pd;
     SETREF(g_raw_for, pf ? Py_NewRef(for_) : NULL);
     Py_RETURN_NONE;
 }
@@ -2043,6 +2070,11 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
                 last_tl_dev = dv;
                 tl_native = (PyObject *)Py_TYPE(last_tl) == timeline_type;
                 if (tl_native && timeline_read(&tlc, last_tl) < 0) goto done_;
+                if (tlc.raw) { /* the raw call only on the events' own device (see set_raw_elapsed) */
+                    int cur = -1;
+                    if (g_raw_device(&cur) != 0) (void)g_raw_clear();
+                    if (cur != dv) tlc.raw = 0;
+                }
             }
             int found = 0, r = tl_native ? timeline_span(&tlc, s, &start, &end, &found) : 1;
             if (r < 0) goto done_;

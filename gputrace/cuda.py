@@ -77,9 +77,9 @@ class CudaDevice:
         return str(self._torch.cuda.get_device_name(dev))
 
 
-def runtime_library() -> str | None:
-    """The path of the one CUDA runtime library this process has loaded (torch's), or None
-    (not Linux, none loaded, or more than one: then which is torch's is not known)."""
+def loaded_library(name: str) -> str | None:
+    """The path of the one library this process has loaded whose file name starts with `name`
+    (e.g. "libtorch_cuda.so"), or None: not Linux, none loaded, or more than one."""
     if not sys.platform.startswith("linux"):
         return None
     found = set()
@@ -87,33 +87,42 @@ def runtime_library() -> str | None:
         with open("/proc/self/maps") as f:
             for line in f:
                 path = line.rstrip("\n").rpartition(" ")[2]
-                if "/libcudart.so" in path:
+                if os.path.basename(path).startswith(name):
                     found.add(os.path.realpath(path))
     except OSError:
         return None
     return found.pop() if len(found) == 1 else None
 
 
+def runtime_calls() -> tuple[int, int, int] | None:
+    """The addresses of cudaEventElapsedTime, cudaGetLastError and cudaGetDevice as torch's CUDA
+    library resolves them (looked up through its handle, so through the runtime it links),
+    or None where they cannot be found."""
+    path = loaded_library("libtorch_cuda.so")
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)  # the loaded library itself: dlopen of a loaded path adds a reference
+        calls = (lib.cudaEventElapsedTime, lib.cudaGetLastError, lib.cudaGetDevice)
+    except (OSError, AttributeError):
+        return None
+    addresses = tuple(ctypes.cast(c, ctypes.c_void_p).value or 0 for c in calls)
+    return addresses if all(addresses) else None  # type: ignore[return-value]
+
+
 def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:
     """Let the C resolve measure events with the runtime's cudaEventElapsedTime on their raw
     handles, standing in for torch's `elapsed` (which also asks both events whether they ran and
-    sets the device around the call: ~3 us against ~0.5 us a call on the H200 VM). Same float32
-    result; any failure falls back to torch's call. True when bound."""
+    sets the device around the call: ~3 us against ~0.5 us a call on the H200 VM). The same
+    float32; used only on a thread whose current device is the events' (so the runtime makes
+    no context elsewhere); any failure falls back to torch's call. True when bound."""
     from gputrace import record
 
     hot: Any = getattr(record, "_hot", None)  # the C build in use, or None
-    path = runtime_library()
-    if hot is None or path is None:
+    calls = runtime_calls() if hot is not None else None
+    if calls is None:
         return False
-    try:
-        lib = ctypes.CDLL(path)  # the loaded library itself: dlopen of a loaded path adds a reference
-        fn = ctypes.cast(lib.cudaEventElapsedTime, ctypes.c_void_p).value
-        clear = ctypes.cast(lib.cudaGetLastError, ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return False
-    if not fn or not clear:
-        return False
-    hot.set_raw_elapsed(fn, clear, elapsed)
+    hot.set_raw_elapsed(*calls, elapsed)
     return True
 
 

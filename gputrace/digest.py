@@ -218,7 +218,7 @@ class Builder:
         # The rows: spans of row names, and the ones marked collective, in the order written
         # (ties between equal starts then break as they do in the trace).
         row_name = self._row_name
-        rows, negative = _rows(names, tracks, start, end, bytes(row_name))
+        rows, negative, foreign = _rows(names, tracks, start, end, bytes(row_name))
         self.negative += negative
         marked = [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
         if marked:
@@ -237,11 +237,17 @@ class Builder:
                 self._steps_seen(steps)
         if self.split is None:
             b = self._buffer
-            b[0].extend(names)
-            b[1].extend(tracks)
-            b[2].extend(start)
-            b[3].extend(end)
-            b[4].extend(skipped if skipped is not None else bytes(n))
+            if skip is None and not negative and not foreign:
+                b[0].extend(names)
+                b[1].extend(tracks)
+                b[2].extend(start)
+                b[3].extend(end)
+            else:  # only the spans the statistics keep wait (and count towards BUFFER_SPANS)
+                kept = [i for i in range(n) if tracks[i] >= 0 and end[i] >= start[i] and not (skip and skip[i])]
+                b[0].extend(map(names.__getitem__, kept))
+                b[1].extend(map(tracks.__getitem__, kept))
+                b[2].extend(map(start.__getitem__, kept))
+                b[3].extend(map(end.__getitem__, kept))
             if len(b[0]) > BUFFER_SPANS:
                 # No steps to split at (or steps too long to wait for): the warm-up is not
                 # told apart; everything goes into the last bucket.
@@ -263,8 +269,8 @@ class Builder:
 
     def _drain(self, aggs: dict[int, list[Any]], bucket: int | None) -> None:
         """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`)."""
-        names, tracks, starts, ends, skip = self._buffer
-        self._fold(aggs, names, tracks, starts, ends, bytes(skip) if any(skip) else None, bucket)
+        names, tracks, starts, ends = self._buffer
+        self._fold(aggs, names, tracks, starts, ends, None, bucket)
         if aggs is self.aggs:
             self._buffer = _new_buffer()
 
@@ -370,9 +376,9 @@ class Builder:
         }
 
 
-def _new_buffer() -> tuple[array[int], array[int], array[int], array[int], bytearray]:
-    """Spans waiting for the warm-up split: name, track, start, end, left out (1)."""
-    return array("l"), array("l"), array("q"), array("q"), bytearray()
+def _new_buffer() -> tuple[array[int], array[int], array[int], array[int]]:
+    """Spans the statistics keep, waiting for the warm-up split: name, track, start, end."""
+    return array("l"), array("l"), array("q"), array("q")
 
 
 _BOUND_COLUMN = array("q", _BOUND)
@@ -380,19 +386,21 @@ _BOUND_COLUMN = array("q", _BOUND)
 
 def _rows_py(
     names: Sequence[int], tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int], row_mask: bytes
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """The indices of the spans whose name is a row name, leaving out other tools' (track < 0)
-    and inverted spans; and the number of inverted spans on the rank's own tracks."""
+    and inverted spans; the number of inverted spans on the rank's own tracks; the number of
+    other tools' spans."""
     rows: list[int] = []
-    negative = 0
+    negative = foreign = 0
     for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends)):
         if t < 0:
+            foreign += 1
             continue
         if e < s:
             negative += 1
         elif 0 <= k < len(row_mask) and row_mask[k]:
             rows.append(i)
-    return rows, negative
+    return rows, negative, foreign
 
 
 def _fold_py(
@@ -450,7 +458,7 @@ def _c_loops() -> tuple[Any, Any]:
 _rows_c, _fold_c = _c_loops()
 
 
-def _rows(*a: Any) -> tuple[list[int], int]:
+def _rows(*a: Any) -> tuple[list[int], int, int]:
     return (_rows_c or _rows_py)(*a)
 
 
@@ -746,8 +754,11 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
     for t in inputs.traces:
         d = None
         if t in inputs.digests:
-            d = read(inputs.digests[t])
-            if not _fresh(d, t) or d.step_name != step_name:
+            try:
+                d = read(inputs.digests[t])
+            except TraceFormatError:  # cut short or damaged (digests are not fsynced): its trace has it all
+                d = None
+            if d is not None and (not _fresh(d, t) or d.step_name != step_name):
                 d = None
         if d is None:
             d = from_document(from_trace(read_trace(t), step_name, t), t)

@@ -256,6 +256,56 @@ def test_the_c_and_python_loops_make_the_same_digest(job: Path, monkeypatch: pyt
     assert [digest.from_trace(t, "step") for t in traces] == fast
 
 
+@pytest.mark.parametrize("loops", ["c", "python"])
+def test_other_tools_spans_do_not_count_towards_the_warm_up_buffer(monkeypatch: pytest.MonkeyPatch, loops: str) -> None:
+    """Only the spans the statistics keep wait for the warm-up split: a rank with many other
+    tools' (or inverted) spans still splits its warm-up exactly."""
+    from array import array
+
+    if loops == "python":
+        pure_python(monkeypatch)
+    monkeypatch.setattr(digest, "BATCH_SPANS", 1)  # each chunk worked through as it comes
+    monkeypatch.setattr(digest, "BUFFER_SPANS", 70)  # the 64 kept spans of the first 16 steps fit
+    b = digest.Builder("step")
+    t = Trace({})
+    from gputrace.trace.model import Process, Track
+
+    own = t.add_process(Process(1, 0, "rank 0", 0))
+    other = t.add_process(Process(99, None, "python3", None))
+    t.add_track(Track(own, 1, "host", "cpu", None, 0))
+    t.add_track(Track(other, 2, "kineto", "cpu", None, 0))
+    op, step = t.intern("op"), t.intern("step")
+    clock = 1_000
+    for k in range(digest.WARMUP_STEPS + 3):
+        for _ in range(3):
+            t.spans.append(op, 0, clock, clock + 10, None)
+            t.spans.append(op, 1, clock, clock + 5, None)  # another tool's
+            t.spans.append(op, 0, clock + 9, clock + 1, None)  # inverted
+            clock += 20
+        t.spans.append(step, 0, clock - 60, clock, None)
+        b.add(t)
+        t.spans = type(t.spans).wrap(array("l"), array("l"), array("q"), array("q"), [])
+    doc = b.document({"rank": 0}, 0, "rank 0")
+    assert doc["warmup"] == {"steps": digest.WARMUP_STEPS + 1, "exact": True}
+    assert doc["negative"] == 3 * (digest.WARMUP_STEPS + 3)
+    ops = [i for i, n in enumerate(doc["stats"]["name"]) if doc["names"][n] == "op"]
+    assert sum(doc["stats"]["count"][i] for i in ops) == 3 * (digest.WARMUP_STEPS + 3)
+    assert len({doc["stats"]["bucket"][i] for i in ops}) == digest.WARMUP_STEPS + 1  # steps 0-15, the rest
+
+
+def test_the_c_fold_takes_any_name_and_gives_huge_durations_to_python() -> None:
+    from array import array
+
+    if digest._fold_c is None:
+        pytest.skip("the C build is not in use")
+    args: tuple[Any, ...] = (array("l", [-1, 0]), array("l", [0, 0]), array("q", [0, 0]), array("q", [5, 7]))
+    rest = (None, array("q"), 0, 1, digest._BOUND_COLUMN)
+    assert digest._fold_c(*args, *rest) == digest._fold_py(*args, *rest)
+    wide = (array("l", [0]), array("l", [0]), array("q", [-(2**62) - 10]), array("q", [2**62]))
+    assert digest._fold_c(*wide, *rest) is NotImplemented
+    assert digest._fold_spans(*wide, *rest)[1] == [1]  # counted, by Python's ints
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_the_c_loops_give_what_their_python_references_give(seed: int) -> None:
     """Random columns with other tools' spans, inverted and left-out ones, zero and huge
@@ -364,6 +414,11 @@ def test_a_stale_or_missing_digest_is_computed_from_its_trace(
     monkeypatch.setattr(digest, "DIGEST_MIN_RANKS", 2)  # many ranks: digests, the others computed
     s = digest.summary_of_files(paths)
     assert "ranks 1-2 had no digest as new as their trace" in s.notes[0]
+    assert_same(full_summary(paths), dataclasses.replace(s, notes=s.notes[1:]), approximate={"fwd", "op", "opt"})
+    # A digest cut short (the machine went down before it reached the disk) is made again too.
+    (tmp_path / "digest_rank3.digest").write_bytes(b"")
+    s = digest.summary_of_files(paths)
+    assert "ranks 1-3 had no digest as new as their trace" in s.notes[0]
     assert_same(full_summary(paths), dataclasses.replace(s, notes=s.notes[1:]), approximate={"fwd", "op", "opt"})
 
 

@@ -110,6 +110,7 @@ def fake_torch_elapsed(a: FakeEvent, b: FakeEvent) -> float:
 
 
 CALLS = {"python": 0, "raw": 0, "refused": 0, "cleared": 0}
+CURRENT = [0]  # the device the fake runtime says the thread is on
 
 
 class RawDevice(FakeDevice):
@@ -121,12 +122,17 @@ class RawDevice(FakeDevice):
 
 
 @pytest.mark.filterwarnings("ignore::gputrace.errors.GputraceWarning")
-@pytest.mark.parametrize("refuse_every", [0, 5])
-def test_the_raw_elapsed_call_resolves_as_the_python_method(refuse_every: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("refuse_every", "thread_device"), [(0, 0), (5, 0), (0, 1)])
+def test_the_raw_elapsed_call_resolves_as_the_python_method(
+    refuse_every: int, thread_device: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The C resolve measures events through a C function on their raw handles (the CUDA
     runtime's cudaEventElapsedTime on a GPU; a C-callable fake of it here, on the fake clock)
     and gets exactly the rows the Python reference gets through the Python method. A refusal
-    (an event not yet run, another context) clears the runtime's error and asks the method."""
+    (an event not yet run, another context) clears the runtime's error and asks the method;
+    on a thread whose device is not the events' the method is asked throughout (the runtime
+    would make a context on the thread's device)."""
+    CURRENT[0] = thread_device
     import ctypes
 
     proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
@@ -146,10 +152,15 @@ def test_the_raw_elapsed_call_resolves_as_the_python_method(refuse_every: int, m
         CALLS["cleared"] += 1
         return 0
 
+    def device(out: Any) -> int:
+        out[0] = CURRENT[0]
+        return 0
+
     raw_c, clear_c = proto(raw), ctypes.CFUNCTYPE(ctypes.c_int)(clear)
+    device_c = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))(device)
     hot = record._hot
-    addr = ctypes.cast(raw_c, ctypes.c_void_p).value
-    hot.set_raw_elapsed(addr, ctypes.cast(clear_c, ctypes.c_void_p).value, fake_torch_elapsed)
+    address = [ctypes.cast(f, ctypes.c_void_p).value for f in (raw_c, clear_c, device_c)]
+    hot.set_raw_elapsed(*address, fake_torch_elapsed)
     try:
         CALLS.update(python=0, raw=0, refused=0, cleared=0)
         got = workload(3, 1_000_000, RawDevice(rate=1.000002, read_ns=7))
@@ -161,13 +172,16 @@ def test_the_raw_elapsed_call_resolves_as_the_python_method(refuse_every: int, m
         unrun = RawEvent(a.dev)
         assert hot.raw_elapsed_ms(a, unrun) is None  # not run: no answer, and the error cleared
     finally:
-        hot.set_raw_elapsed(0, 0, None)
+        hot.set_raw_elapsed(0, 0, 0, None)
     gputrace.reset()
     monkeypatch.setattr(resolve, "_resolve_c", None)
     monkeypatch.setattr(record, "_split_c", None)
     want = workload(3, 1_000_000, FakeDevice(rate=1.000002, read_ns=7))
     assert got == want and len(got["columns"][0]) > 50
-    assert calls["raw"] > 2 * len(got["columns"][0]) // 3  # the device spans went through the raw call
+    if thread_device == 0:
+        assert calls["raw"] > 2 * len(got["columns"][0]) // 3  # the device spans went through the raw call
+    else:
+        assert calls["raw"] == 0 and calls["python"] > 2 * len(got["columns"][0]) // 3
     assert CALLS["cleared"] == CALLS["refused"] + 1 and (CALLS["refused"] > 0) == bool(refuse_every)
     assert calls["python"] >= calls["refused"]  # the Python method stood in for every refusal
 
