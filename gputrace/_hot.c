@@ -64,6 +64,10 @@ typedef struct {
     PyObject_HEAD
     PyObject *name, *args, *stack, *parent, *id, *gen, *t0, *t1, *error, *owner;
     char cuda, sync;
+    /* A host span's times, held as nanoseconds rather than as int objects (ns0/ns1 set; t0/t1
+     * NULL): Python reads and writes them as `t0`/`t1` all the same (Span_getset). */
+    char ns0, ns1;
+    long long h0, h1;
 } Span;
 
 
@@ -175,13 +179,19 @@ static PyObject *hot_set_capture(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *mono_now(State *st) {
+/* Monotonic ns into *out: CLOCK_MONOTONIC itself, or the state's clock (a test's). 0, or -1. */
+static int mono_ns(State *st, long long *out) {
     if (st->native_mono) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        *out = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        return 0;
     }
-    return PyObject_CallNoArgs(st->mono);
+    PyObject *t = PyObject_CallNoArgs(st->mono);
+    if (!t) return -1;
+    *out = PyLong_AsLongLong(t);
+    Py_DECREF(t);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 /* ---- open / close -------------------------------------------------------------------------- */
@@ -260,14 +270,15 @@ static PyObject *open_span(State *st, Span *s) {
             return NULL;
         }
         SETREF(s->t0, ev);
+        s->ns0 = 0;
         PyObject *gen = PyObject_GetItem(st->gens, dev);
         Py_DECREF(dev);
         if (!gen) { Py_DECREF(stack); return NULL; }
         SETREF(s->gen, gen);
     } else {
-        PyObject *t = mono_now(st);
-        if (!t) { Py_DECREF(stack); return NULL; }
-        SETREF(s->t0, t);
+        if (mono_ns(st, &s->h0) < 0) { Py_DECREF(stack); return NULL; }
+        s->ns0 = 1;
+        Py_CLEAR(s->t0);
     }
     Py_ssize_t n = PyList_Size(stack);
     PyObject *parent = n > 0 ? PyList_GetItem(stack, n - 1) : Py_None;
@@ -301,10 +312,11 @@ static PyObject *close_span(State *st, Span *s) {
             return NULL;
         }
         SETREF(s->t1, ev);
+        s->ns1 = 0;
     } else {
-        PyObject *t = mono_now(st);
-        if (!t) { Py_DECREF(dev); return NULL; }
-        SETREF(s->t1, t);
+        if (mono_ns(st, &s->h1) < 0) { Py_DECREF(dev); return NULL; }
+        s->ns1 = 1;
+        Py_CLEAR(s->t1);
     }
     Py_DECREF(dev);
     if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
@@ -444,8 +456,6 @@ static PyMemberDef Span_members[] = {
     {"parent", T_OBJECT_EX, offsetof(Span, parent), 0, NULL},
     {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
-    {"t0", T_OBJECT_EX, offsetof(Span, t0), 0, NULL},
-    {"t1", T_OBJECT_EX, offsetof(Span, t1), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
     {"cuda", T_BOOL, offsetof(Span, cuda), 0, "Timed with CUDA events (else a host span)."},
@@ -453,7 +463,50 @@ static PyMemberDef Span_members[] = {
     {NULL},
 };
 
+/* t0 / t1: the start and end, a device's event or a host span's monotonic ns. */
+static PyObject *span_time_get(Span *s, void *which) {
+    int w = which != NULL;
+    PyObject *o = w ? s->t1 : s->t0;
+    if (o) return Py_NewRef(o);
+    if (w ? s->ns1 : s->ns0) return PyLong_FromLongLong(w ? s->h1 : s->h0);
+    PyErr_SetString(PyExc_AttributeError, w ? "t1" : "t0");
+    return NULL;
+}
+
+static int span_time_set(Span *s, PyObject *v, void *which) {
+    int w = which != NULL;
+    PyObject **slot = w ? &s->t1 : &s->t0;
+    char *ns = w ? &s->ns1 : &s->ns0;
+    long long *h = w ? &s->h1 : &s->h0;
+    if (v && PyLong_CheckExact(v)) {
+        long long x = PyLong_AsLongLong(v);
+        if (!(x == -1 && PyErr_Occurred())) {
+            Py_CLEAR(*slot);
+            *h = x;
+            *ns = 1;
+            return 0;
+        }
+        PyErr_Clear(); /* past 64 bits: kept as the object */
+    }
+    *ns = 0;
+    SETREF(*slot, v ? Py_NewRef(v) : NULL);
+    return 0;
+}
+
+/* A host span's start and end in ns (ints or held ns); 1: not both ints; -1: error. */
+static int span_host_times(Span *s, long long *t0, long long *t1) {
+    if (s->ns0) *t0 = s->h0;
+    else if (s->t0 && PyLong_CheckExact(s->t0)) *t0 = PyLong_AsLongLong(s->t0);
+    else return 1;
+    if (s->ns1) *t1 = s->h1;
+    else if (s->t1 && PyLong_CheckExact(s->t1)) *t1 = PyLong_AsLongLong(s->t1);
+    else return 1;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyGetSetDef Span_getset[] = {
+    {"t0", (getter)span_time_get, (setter)span_time_set, "The start: a CUDA event, or monotonic ns.", NULL},
+    {"t1", (getter)span_time_get, (setter)span_time_set, "The end: a CUDA event, or monotonic ns.", (void *)1},
     {"track", (getter)Span_track, NULL, "The track the span was recorded on (None before it opens).", NULL},
     {NULL},
 };
@@ -1283,26 +1336,64 @@ done:
     return result;
 }
 
+static const void *column_items(PyObject *col, Py_ssize_t *n, PyObject **keep);
+
 PyDoc_STRVAR(column_range_doc,
              "column_range(column, /)\n--\n\n"
              "(least, largest) of an array('q') column, or None when it is empty: min() and max() of it\n"
              "without a Python int per item.");
 static PyObject *hot_column_range(PyObject *self, PyObject *col) {
     Py_ssize_t n;
-    PyObject *b = array_bytes(col, sizeof(long long), &n);
-    if (!b) return NULL;
-    if (n == 0) { Py_DECREF(b); Py_RETURN_NONE; }
-    const long long *v = (const long long *)PyBytes_AsString(b);
+    PyObject *b;
+    const long long *v = column_items(col, &n, &b);
+    if (!v) return NULL;
+    if (n == 0) { Py_XDECREF(b); Py_RETURN_NONE; }
     long long lo = v[0], hi = v[0];
     for (Py_ssize_t i = 1; i < n; i++) {
         if (v[i] < lo) lo = v[i];
         if (v[i] > hi) hi = v[i];
     }
-    Py_DECREF(b);
+    Py_XDECREF(b);
     return Py_BuildValue("(LL)", lo, hi);
 }
 
 /* ---- per-rank digests: the per-span loops of digest.Builder ------------------------------------ */
+
+/* A column's items where they lie: an array.array of 8-byte signed integers ('q', or 'l' where a
+ * long is 8 bytes) is read through its own buffer (array.buffer_info()), valid while no Python
+ * code runs, which the loops that use this never do; anything else is copied. *keep: the copy to
+ * release, or NULL. Copying 100k spans' columns (3 MB, fresh pages) cost as much as the loop. */
+static PyObject *s_buffer_info, *s_typecode;
+
+static const void *column_items(PyObject *col, Py_ssize_t *n, PyObject **keep) {
+    *keep = NULL;
+    PyObject *tc = PyObject_GetAttr(col, s_typecode);
+    int ok = 0;
+    if (tc && PyUnicode_Check(tc)) {
+        ok = PyUnicode_CompareWithASCIIString(tc, "q") == 0 ||
+             (sizeof(long) == 8 && PyUnicode_CompareWithASCIIString(tc, "l") == 0);
+    }
+    Py_XDECREF(tc);
+    if (ok) {
+        PyObject *info = PyObject_CallMethodObjArgs(col, s_buffer_info, NULL);
+        if (info && PyTuple_Check(info) && PyTuple_Size(info) == 2) {
+            void *p = PyLong_AsVoidPtr(PyTuple_GetItem(info, 0));
+            Py_ssize_t len = PyLong_AsSsize_t(PyTuple_GetItem(info, 1));
+            Py_DECREF(info);
+            if (!PyErr_Occurred() && len >= 0) {
+                *n = len;
+                return len ? p : (const void *)"";
+            }
+        } else {
+            Py_XDECREF(info);
+        }
+    }
+    PyErr_Clear();
+    PyObject *b = array_bytes(col, 8, n);
+    if (!b) return NULL;
+    *keep = b;
+    return PyBytes_AsString(b);
+}
 
 /* int64 -> index, open addressing (the (name, warm-up bucket) keys and histogram cells of one
  * chunk: few, whatever the chunk's length). */
@@ -1360,10 +1451,11 @@ static Py_ssize_t map_index(I64Map *m, long long key, Py_ssize_t next) {
     return next;
 }
 
-/* Columns as C arrays: names and tracks are array("l"), starts and ends array("q"), all n long. */
+/* Columns as C arrays of 8-byte integers: names and tracks are array("l"), starts and ends
+ * array("q"), all n long (where a long is 4 bytes the C loops step aside: see cols_read). */
 typedef struct {
-    PyObject *b[4]; /* owned bytes */
-    const long *name, *track;
+    PyObject *b[4]; /* owned copies, or NULL where read in place */
+    const long long *name, *track;
     const long long *start, *end;
     Py_ssize_t n;
 } Cols;
@@ -1374,20 +1466,24 @@ static void cols_free(Cols *c) {
 
 static int cols_read(Cols *c, PyObject *names, PyObject *tracks, PyObject *starts, PyObject *ends) {
     PyObject *src[4] = {names, tracks, starts, ends};
-    size_t size[4] = {sizeof(long), sizeof(long), sizeof(long long), sizeof(long long)};
+    const void *p[4];
     Py_ssize_t n[4];
     memset(c->b, 0, sizeof(c->b));
+    if (sizeof(long) != 8) {
+        PyErr_SetString(PyExc_TypeError, "digest: the C loops need 8-byte longs");
+        return -1;
+    }
     for (int i = 0; i < 4; i++)
-        if (!(c->b[i] = array_bytes(src[i], size[i], &n[i]))) return -1;
+        if (!(p[i] = column_items(src[i], &n[i], &c->b[i]))) return -1;
     if (n[1] != n[0] || n[2] != n[0] || n[3] != n[0]) {
         PyErr_SetString(PyExc_ValueError, "digest: columns of different lengths");
         return -1;
     }
     c->n = n[0];
-    c->name = (const long *)PyBytes_AsString(c->b[0]);
-    c->track = (const long *)PyBytes_AsString(c->b[1]);
-    c->start = (const long long *)PyBytes_AsString(c->b[2]);
-    c->end = (const long long *)PyBytes_AsString(c->b[3]);
+    c->name = (const long long *)p[0];
+    c->track = (const long long *)p[1];
+    c->start = (const long long *)p[2];
+    c->end = (const long long *)p[3];
     return 0;
 }
 
@@ -1503,8 +1599,8 @@ static PyObject *hot_digest_fold(PyObject *self, PyObject *args) {
     agg = PyMem_Malloc(sizeof(long long) * 6 * (size_t)cap_keys);
     cell_key = PyMem_Malloc(sizeof(long long) * 2 * (size_t)cap_cells);
     if (!agg || !cell_key) { PyErr_NoMemory(); goto out; }
-    long long last_key = -1;
-    Py_ssize_t last = -1;
+    long long last_key = -1, last_ck = -1;
+    Py_ssize_t last = -1, last_cell = -1;
     for (Py_ssize_t i = 0; i < c.n; i++) {
         if ((skip && skip[i]) || c.track[i] < 0) continue;
         long long st = c.start[i], en = c.end[i];
@@ -1548,8 +1644,15 @@ static PyObject *hot_digest_fold(PyObject *self, PyObject *args) {
         if (d > a[4]) { a[4] = d; a[5] = i; } /* the first of the longest, in the order given */
         Py_ssize_t hb = hist_slot(bound, nbounds, d);
         long long ck = (long long)k * 1024 + hb; /* hb - 1 is the histogram bucket, -1 .. 998 */
-        Py_ssize_t j = map_index(&cells, ck, ncells);
-        if (j < 0) goto out;
+        Py_ssize_t j;
+        if (last_cell >= 0 && ck == last_ck) {
+            j = last_cell; /* spans of one name and like durations come in runs */
+        } else {
+            j = map_index(&cells, ck, ncells);
+            if (j < 0) goto out;
+            last_ck = ck;
+            last_cell = j;
+        }
         if (j == ncells) {
             if (ncells == cap_cells) {
                 long long *g = PyMem_Realloc(cell_key, sizeof(long long) * 4 * (size_t)cap_cells);
@@ -1880,7 +1983,7 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
         PyObject *o = PyList_GetItem(done, i);
         if (!PyObject_TypeCheck(o, SpanType)) return 1;
         Span *s = (Span *)o;
-        if (!s->name || !s->stack || s->stack == Py_None || !s->t0 || !s->t1) return 1;
+        if (!s->name || !s->stack || s->stack == Py_None || !(s->t0 || s->ns0) || !(s->t1 || s->ns1)) return 1;
         if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, SpanType)) return 1;
         if (s->stack != last_stack) {
             PyObject *track = PyObject_GetAttr(s->stack, s_track);
@@ -1897,7 +2000,7 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
             if (dv < -1 || tr < 0) return 1;
             last_stack = s->stack;
         }
-        if (dv < 0 && !(PyLong_CheckExact(s->t0) && PyLong_CheckExact(s->t1))) return 1;
+        if (dv < 0 && !((s->ns0 || PyLong_CheckExact(s->t0)) && (s->ns1 || PyLong_CheckExact(s->t1)))) return 1;
         track_of[i] = tr;
         dev_of[i] = dv;
     }
@@ -2058,9 +2161,12 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         Py_ssize_t dv = dev_of[i];
         long long start, end;
         if (dv < 0) {
-            start = PyLong_AsLongLong(s->t0) + offset;
-            end = PyLong_AsLongLong(s->t1) + offset;
-            if (PyErr_Occurred()) goto done_;
+            if (span_host_times(s, &start, &end) != 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "resolve: a host span's times are not ints");
+                goto done_;
+            }
+            start += offset;
+            end += offset;
         } else {
             if (dv != last_tl_dev) {
                 Py_CLEAR(last_tl);
@@ -2306,6 +2412,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     s_host_ns = PyUnicode_InternFromString("host_ns");
     s_event_attr = PyUnicode_InternFromString("event");
     s_cuda_event = PyUnicode_InternFromString("cuda_event");
+    s_buffer_info = PyUnicode_InternFromString("buffer_info");
+    s_typecode = PyUnicode_InternFromString("typecode");
     s_names = PyUnicode_InternFromString("names");
     s_name_index = PyUnicode_InternFromString("_name_index");
     s_last_id = PyUnicode_InternFromString("_last_id");

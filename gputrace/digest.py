@@ -173,6 +173,12 @@ class Builder:
         own = [procs[t.process].rank is not None and not procs[t.process].foreign for t in trace.tracks]
         tmap = [self._track(t) if ok else -1 for t, ok in zip(trace.tracks, own)]
         b = self._batch
+        same = remap == list(range(len(remap))) and tmap == list(range(len(tmap)))
+        if same and not whole and not len(b[0]) and hi - lo >= BATCH_SPANS:
+            # A whole batch of a trace read in batches: its slices (copies already) are the batch.
+            self._batch = (sp.name[lo:hi], sp.track[lo:hi], sp.start[lo:hi], sp.end[lo:hi], sp.args[lo:hi])
+            self._work()
+            return
         name, track = (sp.name, sp.track) if whole else (sp.name[lo:hi], sp.track[lo:hi])
         b[0].extend(name if remap == list(range(len(remap))) else map(remap.__getitem__, name))
         b[1].extend(track if tmap == list(range(len(tmap))) else map(tmap.__getitem__, track))
@@ -197,7 +203,7 @@ class Builder:
         # left out everywhere, by the loops themselves.
         flags: dict[int, int] = {}
         skip: bytearray | None = None
-        for i in compress(range(n), args):
+        for i in compress(range(n), args) if any(args) else ():
             if tracks[i] < 0 or end[i] < start[i]:
                 continue
             a = args[i]
@@ -237,7 +243,10 @@ class Builder:
                 self._steps_seen(steps)
         if self.split is None:
             b = self._buffer
-            if skip is None and not negative and not foreign:
+            if skip is None and not negative and not foreign and not len(b[0]):
+                self._buffer = (names, tracks, start, end)  # the batch's own columns (its last use)
+                b = self._buffer
+            elif skip is None and not negative and not foreign:
                 b[0].extend(names)
                 b[1].extend(tracks)
                 b[2].extend(start)
