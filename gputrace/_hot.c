@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <math.h>
 #include <limits.h>
+#include <stdint.h>
 
 /* ---- the hot state ------------------------------------------------------------------------ */
 
@@ -44,6 +45,8 @@ typedef struct {
     int has_dev;             /* has_device, as a C truth value */
     int native_mono;         /* mono is time.monotonic_ns: read CLOCK_MONOTONIC directly */
     Py_ssize_t n_check_at;   /* check_at, kept current by set_check_at() */
+    uint64_t host_tid;       /* the thread (its thread state's id, never reused) whose host stack... */
+    PyObject *host_stack;    /* ...this is: local.host without the thread-local lookup, or NULL */
 } State;
 
 static PyTypeObject *StateType;
@@ -84,6 +87,7 @@ static void State_dealloc(State *st) {
     HOT_FIELDS(X)
 #undef X
     Py_CLEAR(st->src);
+    Py_CLEAR(st->host_stack);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(st);
     Py_DECREF(tp);
@@ -217,8 +221,16 @@ static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
         *dev_out = dev;
         return stack;
     }
+    /* A thread's host stack never changes for one recorder: the last thread's is kept. */
+    uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
+    if (st->host_stack && st->host_tid == tid) return Py_NewRef(st->host_stack);
     PyObject *stack = PyObject_GetAttr(st->local, s_host);
-    if (!stack) PyErr_Clear();
+    if (!stack) {
+        PyErr_Clear();
+        return NULL;
+    }
+    SETREF(st->host_stack, Py_NewRef(stack));
+    st->host_tid = tid;
     return stack;
 }
 
