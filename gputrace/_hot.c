@@ -794,13 +794,26 @@ static void raw_put(Buf *b, const char *src, size_t n) {
 
 #define RAW_LIT(b, lit) raw_put((b), (lit), sizeof(lit) - 1)
 
+static const char DIGITS2[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 static void raw_u(Buf *b, unsigned long long v) {
     char tmp[24];
     int i = 24;
-    do {
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
+    while (v >= 100) { /* two digits a step */
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        tmp[--i] = DIGITS2[2 * r + 1];
+        tmp[--i] = DIGITS2[2 * r];
+    }
+    if (v >= 10) {
+        tmp[--i] = DIGITS2[2 * v + 1];
+        tmp[--i] = DIGITS2[2 * v];
+    } else {
+        tmp[--i] = (char)('0' + v);
+    }
     raw_put(b, tmp + i, (size_t)(24 - i));
 }
 
@@ -1255,7 +1268,8 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     PyObject *sb = tb ? array_bytes(starts_a, sizeof(long long), &n1) : NULL;
     PyObject *eb = sb ? array_bytes(ends_a, sizeof(long long), &n2) : NULL;
     PyObject *result = NULL;
-    Buf b = {NULL, 0, 0};
+    Buf b = {NULL, 0, 0}, pre = {NULL, 0, 0}; /* pre: the start of the last event (its name and track) */
+    long pre_name = -1, pre_track = -1;
     long long *tidv = NULL;
     PyObject **catv = NULL;
     long ntr = 0;
@@ -1303,22 +1317,32 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "encode_rows: a name index out of range");
             goto done;
         }
-        char *cat, *name;
-        Py_ssize_t catn, namen;
-        if (PyBytes_AsStringAndSize(catv[tr[i]], &cat, &catn) < 0 ||
-            PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0)
-            goto done;
-        /* the literals (60 bytes), four numbers (at most 24 bytes each), the cat and the name */
-        if (buf_reserve(&b, 160 + (size_t)catn + (size_t)namen) < 0) goto done;
-        RAW_LIT(&b, "{\"ph\":\"X\",\"cat\":");
-        raw_put(&b, cat, (size_t)catn);
-        RAW_LIT(&b, ",\"name\":");
-        raw_put(&b, name, (size_t)namen);
-        RAW_LIT(&b, ",\"pid\":");
-        raw_u(&b, (unsigned long long)pid);
-        RAW_LIT(&b, ",\"tid\":");
-        raw_u(&b, (unsigned long long)tidv[tr[i]]);
-        RAW_LIT(&b, ",\"ts\":");
+        if (nm[i] != pre_name || tr[i] != pre_track) { /* the event's start, made once a run */
+            char *cat, *name;
+            Py_ssize_t catn, namen;
+            if (PyBytes_AsStringAndSize(catv[tr[i]], &cat, &catn) < 0 ||
+                PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0)
+                goto done;
+            /* the literals (45 bytes), two numbers (at most 24 bytes each), the cat and the name */
+            Buf p = {NULL, 0, 0};
+            if (buf_reserve(&p, 100 + (size_t)catn + (size_t)namen) < 0) goto done;
+            RAW_LIT(&p, "{\"ph\":\"X\",\"cat\":");
+            raw_put(&p, cat, (size_t)catn);
+            RAW_LIT(&p, ",\"name\":");
+            raw_put(&p, name, (size_t)namen);
+            RAW_LIT(&p, ",\"pid\":");
+            raw_u(&p, (unsigned long long)pid);
+            RAW_LIT(&p, ",\"tid\":");
+            raw_u(&p, (unsigned long long)tidv[tr[i]]);
+            RAW_LIT(&p, ",\"ts\":");
+            PyMem_Free(pre.p);
+            pre = p;
+            pre_name = nm[i];
+            pre_track = tr[i];
+        }
+        /* the start, two numbers (at most 24 bytes each) and the literals after them */
+        if (buf_reserve(&b, pre.len + 80) < 0) goto done;
+        raw_put(&b, pre.p, pre.len);
         raw_us(&b, (unsigned long long)ts);
         RAW_LIT(&b, ",\"dur\":");
         raw_us(&b, (unsigned long long)dur);
@@ -1337,6 +1361,7 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
 done:
     PyMem_Free(b.p);
+    PyMem_Free(pre.p);
     PyMem_Free(tidv);
     if (catv)
         for (long t = 0; t < ntr; t++) Py_XDECREF(catv[t]);

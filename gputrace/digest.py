@@ -547,11 +547,27 @@ def write_for_stream(stream: Any, header: dict[str, Any]) -> str | None:
         return None
 
 
-def write_for_trace(trace: Trace, trace_path: str, step_name: str) -> str | None:
-    """Write the digest of a trace saved whole to `trace_path`."""
+def prepare_for_trace(trace: Trace, trace_path: str, step_name: str) -> dict[str, Any] | Exception:
+    """The digest of a trace about to be saved whole to `trace_path` (made while the trace
+    reaches the disk), or what went wrong: `write_for_trace` writes it, or says why not."""
+    try:
+        return from_trace(trace, step_name, trace_path)
+    except Exception as e:  # noqa: BLE001 - a digest never costs the user a trace
+        return e
+
+
+def write_for_trace(
+    trace: Trace, trace_path: str, step_name: str, prepared: dict[str, Any] | Exception | None = None
+) -> str | None:
+    """Write the digest of a trace saved whole to `trace_path` (`prepared` by
+    `prepare_for_trace` before the trace was in place, else made now)."""
     path = digest_path(trace_path)
     try:
-        write(from_trace(trace, step_name, trace_path), path)
+        if isinstance(prepared, Exception):
+            raise prepared
+        doc = prepared if prepared is not None else from_trace(trace, step_name, trace_path)
+        doc["trace_bytes"] = os.path.getsize(trace_path)  # the trace as it now lies there
+        write(doc, path)
         return _written(path)
     except Exception as e:  # noqa: BLE001
         _remove(path)

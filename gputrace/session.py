@@ -25,6 +25,7 @@ import statistics
 import threading
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from gputrace import digest, record
@@ -388,8 +389,15 @@ class Session:
                 ext = ".pftrace" if (format and format_for_path("x", format) == "perfetto") else ".json"
                 target = os.path.join(target, f"trace_rank{rank}{ext}")
             trace = self.snapshot(rec)
-            write_trace(trace, target, fmt or format_for_path(target))
-            digest.write_for_trace(trace, target, self.config.step_name)
+            step = self.config.step_name
+            made: list[Any] = []  # the digest, made while the trace reaches the disk
+            write_trace(
+                trace,
+                target,
+                fmt or format_for_path(target),
+                lambda: made.append(digest.prepare_for_trace(trace, target, step)),
+            )
+            digest.write_for_trace(trace, target, step, made[0] if made else None)
             self.saved = True
             return target
 
@@ -524,16 +532,20 @@ def _stream_class(fmt: str) -> Any:
     return chrome.StreamWriter
 
 
-def write_trace(trace: Trace, path: str, fmt: str) -> None:
+def write_trace(trace: Trace, path: str, fmt: str, meanwhile: Callable[[], object] | None = None) -> None:
+    """`trace` to `path` atomically; `meanwhile` runs before the file is in place (while the
+    JSON file reaches the disk)."""
     if fmt == "perfetto":
         from gputrace.trace import perfetto
 
+        if meanwhile is not None:
+            meanwhile()
         if len(trace.spans) > 4 * 16384:  # large: piece by piece, memory near the spans held
             _write_perfetto_in_pieces(trace, path)
         else:  # small: one pass, which compresses a small file better
             perfetto.write(trace, path, ordered=True)
     else:
-        chrome.write(trace, path, ordered=True)
+        chrome.write(trace, path, ordered=True, meanwhile=meanwhile)
 
 
 def _write_perfetto_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:

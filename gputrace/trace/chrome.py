@@ -28,7 +28,7 @@ import dataclasses
 import os
 import re
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -892,9 +892,16 @@ def _place(trace: Trace, rows: Sequence[int], writer: ProcessWriter) -> list[int
     return writer.layout.place([sp.track[i] for i in rows], [sp.start[i] for i in rows], [sp.end[i] for i in rows])
 
 
-def write(trace: Trace, path: str, base_ns: int | None = None, ordered: bool = False) -> None:
-    """Write the trace to `path` atomically (see `iter_encode` for `ordered`)."""
-    with atomic_writer(path) as f:
+def write(
+    trace: Trace,
+    path: str,
+    base_ns: int | None = None,
+    ordered: bool = False,
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """Write the trace to `path` atomically (see `iter_encode` for `ordered`); `meanwhile` runs
+    while the file reaches the disk."""
+    with atomic_writer(path, meanwhile=meanwhile) as f:
         for piece in iter_encode(trace, base_ns, ordered):
             f.write(piece)
         _close_list(f)

@@ -11,7 +11,8 @@ import contextlib
 import glob
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 from gputrace.errors import GputraceError, TraceFormatError
@@ -22,12 +23,13 @@ TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str, durable: bool = True) -> Iterator[BinaryIO]:
+def atomic_writer(path: str, durable: bool = True, meanwhile: Callable[[], object] | None = None) -> Iterator[BinaryIO]:
     """A file to write `path` through: a temporary file in the same directory, renamed over
     `path` only when the block ends without an error. An existing file is never half-overwritten
     and a crash leaves no partial trace. `durable`: the data reaches the disk before the rename
     (fsync), so it survives the machine going down too (data that can be made again, such as a
-    digest, skips it: an fsync costs milliseconds)."""
+    digest, skips it: an fsync costs milliseconds). `meanwhile`: work to do while the disk
+    syncs (the fsync runs in a thread; it releases the GIL), before the rename."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -38,8 +40,12 @@ def atomic_writer(path: str, durable: bool = True) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "w+b") as f:
             yield f
             f.flush()
-            if durable:
+            if durable and meanwhile is not None:
+                _sync_while(f.fileno(), meanwhile)
+            elif durable:
                 os.fsync(f.fileno())
+            elif meanwhile is not None:
+                meanwhile()
         publish(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -47,6 +53,31 @@ def atomic_writer(path: str, durable: bool = True) -> Iterator[BinaryIO]:
         if isinstance(e, OSError):
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+def _sync_while(fd: int, work: Callable[[], object]) -> None:
+    """fsync(fd) in a thread while `work` runs here; the fsync's error, if any, is raised."""
+    failed: list[OSError] = []
+
+    def sync() -> None:
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=sync, name="gputrace-fsync", daemon=True)
+    try:
+        t.start()
+    except RuntimeError:  # no new threads (the interpreter is shutting down): one after the other
+        os.fsync(fd)
+        work()
+        return
+    try:
+        work()
+    finally:
+        t.join()
+    if failed:
+        raise failed[0]
 
 
 def write_atomic(path: str, data: bytes) -> None:
