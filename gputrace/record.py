@@ -534,9 +534,10 @@ class Recorder:
                 self.device.synchronize()
             # In place: the C hot path holds this list. Each step is one atomic list operation,
             # so a span another thread appends meanwhile stays for the next flush.
-            n = len(self.pending) if limit is None else min(limit, len(self.pending))
-            pending = self.pending[:n]
-            del self.pending[:n]
+            held = self.hot.pending
+            n = len(held) if limit is None else min(limit, len(held))
+            pending = held[:n]
+            del held[:n]
             devices: list[int] = []
             waiting: list[Span] = []
             split: Any = NotImplemented
@@ -549,9 +550,12 @@ class Recorder:
                 devices = sorted({s.stack.device for s in done} - {None})  # type: ignore[arg-type]
             for dev in devices:
                 self._anchor(dev)
-            later = resolve(done, self.timelines, self.clock, self.store, self.pools)
-            self.pending[:0] = later + waiting
-            self._check_at = len(self.pending) + self.config.max_pending
+            later = resolve(done, self.timelines, self.clock, self.store, self.pools) if done else []
+            if later or waiting:
+                held[:0] = later + waiting
+            check_at = len(held) + self.config.max_pending
+            if check_at != self.hot.check_at:
+                self._check_at = check_at
             return len(done) - len(later)
 
     def open_spans(self) -> list[Span]:

@@ -175,6 +175,8 @@ class Session:
         return n
 
     def _sample_memory(self, rec: Recorder) -> None:
+        if rec.device is None:
+            return
         memory = getattr(rec.device, "memory", None)
         if memory is None:
             return
