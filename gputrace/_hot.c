@@ -315,7 +315,8 @@ static PyObject *close_span(State *st, Span *s) {
         if (!record_end) Py_RETURN_NONE;
         stack = s->stack;
     }
-    PyObject *dev = PyObject_GetAttr(stack, s_device);
+    /* A host span (its start held as ns, or as an int by the slow path) needs no device. */
+    PyObject *dev = (s->ns0 || (s->t0 && PyLong_CheckExact(s->t0))) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, s_device);
     if (!dev) return NULL;
     if (dev != Py_None) {
         PyObject *ev = pooled_event(st, dev);
