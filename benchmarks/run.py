@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import platform
 import statistics
@@ -240,6 +241,11 @@ def bench_cuda_span(quick: bool) -> None:
 # ---- the whole cost of a span: enter/exit, the flush each step, the save ----------------------------
 
 
+# Each run saves to a file of its own, as a job saves its trace once (saving over an earlier
+# run's file also pays for deleting it: a few ms for 100,000 spans on the H200 VM).
+_RUNS = itertools.count()
+
+
 def _whole_host(steps: int, per: int, directory: str) -> dict[str, float]:
     """Seconds for `steps` x `per` host spans, each way, one after the other."""
     pc = time.perf_counter_ns
@@ -257,7 +263,7 @@ def _whole_host(steps: int, per: int, directory: str) -> dict[str, float]:
             b = pc()
             lst.append((a, b))
     out["floor"] = time.perf_counter() - t
-    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, "s")})):
+    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, f"s{next(_RUNS)}")})):
         reset()
         gputrace.enable(cuda=False, **options)
         span, flush = gputrace.span, gputrace.flush
@@ -271,7 +277,7 @@ def _whole_host(steps: int, per: int, directory: str) -> dict[str, float]:
             flush()
             flushing += time.perf_counter() - f
         s = time.perf_counter()
-        gputrace.save(os.path.join(directory, key + ".json") if not options else None)
+        gputrace.save(os.path.join(directory, f"{key}{next(_RUNS)}.json") if not options else None)
         end = time.perf_counter()
         out[key] = end - t
         out[key + ":flush"], out[key + ":save"] = flushing, end - s  # parts, not beyond the bare loop
@@ -340,7 +346,7 @@ def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
             prev = pool
         torch.cuda.synchronize()
         out["floor_raw"] = time.perf_counter() - t
-    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, "c")})):
+    for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, f"c{next(_RUNS)}")})):
         reset()
         gputrace.enable(**options)
         span, flush = gputrace.span, gputrace.flush
@@ -351,7 +357,7 @@ def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
                 with span("op"):
                     x.add_(1)
             flush()
-        gputrace.save(os.path.join(directory, key + "_cuda.json") if not options else None)
+        gputrace.save(os.path.join(directory, f"{key}{next(_RUNS)}_cuda.json") if not options else None)
         out[key] = time.perf_counter() - t
     reset()
     return out
