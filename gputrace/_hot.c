@@ -333,6 +333,9 @@ static PyObject *close_span(State *st, Span *s) {
     }
     Py_DECREF(dev);
     if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
+    /* Closed, the span is off its stack and in no cycle of its own: the collector need not walk
+     * it (each collection of the young objects would, for every span closed since the last). */
+    PyObject_GC_UnTrack((PyObject *)s);
     if (PyList_Size(st->pending) >= st->n_check_at) return PyObject_CallNoArgs(st->pending_full);
     Py_RETURN_NONE;
 }
@@ -340,6 +343,8 @@ static PyObject *close_span(State *st, Span *s) {
 /* open_span / close_span on the installed state, held for the call: a callback into Python
  * may install another state meanwhile, and this one must outlive the call. */
 static PyObject *open_installed(Span *s) {
+    /* An open span is in a cycle with its stack: the collector must see it (see close_span). */
+    if (!PyObject_GC_IsTracked((PyObject *)s)) PyObject_GC_Track((PyObject *)s);
     State *st = g_state;
     Py_INCREF(st);
     PyObject *r = open_span(st, s);
