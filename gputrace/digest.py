@@ -128,7 +128,9 @@ class Builder:
         self.step_starts: list[int] = []  # the least WARMUP_STEPS + 1 finished step starts
         self.split: int | None = None  # step_starts[-1] once all WARMUP_STEPS + 1 are known
         self.warmup_exact = True
-        self._buffer = _new_buffer()
+        # Batches waiting for the warm-up split: name, track, start, end (kept spans only).
+        self._buffer: list[tuple[array[int], array[int], array[int], array[int]]] = []
+        self._buffered = 0
         # name * _NB + warm-up bucket -> [count, total, min, max, start of the max, its track, histogram]
         self.aggs: dict[int, list[Any]] = {}
         # Chunks not yet worked through: name, track (-1: not the rank's), start, end, args.
@@ -203,7 +205,7 @@ class Builder:
         # left out everywhere, by the loops themselves.
         flags: dict[int, int] = {}
         skip: bytearray | None = None
-        for i in compress(range(n), args) if any(args) else ():
+        for i in compress(range(n), args) if args.count(None) != n else ():
             if tracks[i] < 0 or end[i] < start[i]:
                 continue
             a = args[i]
@@ -242,22 +244,17 @@ class Builder:
             if steps:
                 self._steps_seen(steps)
         if self.split is None:
-            b = self._buffer
-            if skip is None and not negative and not foreign and not len(b[0]):
-                self._buffer = (names, tracks, start, end)  # the batch's own columns (its last use)
-                b = self._buffer
-            elif skip is None and not negative and not foreign:
-                b[0].extend(names)
-                b[1].extend(tracks)
-                b[2].extend(start)
-                b[3].extend(end)
-            else:  # only the spans the statistics keep wait (and count towards BUFFER_SPANS)
+            # The batch waits whole (its columns are the builder's own now); spans the statistics
+            # leave out are dropped from it first, so only kept spans count towards BUFFER_SPANS.
+            if skip is not None or negative or foreign:
                 kept = [i for i in range(n) if tracks[i] >= 0 and end[i] >= start[i] and not (skip and skip[i])]
-                b[0].extend(map(names.__getitem__, kept))
-                b[1].extend(map(tracks.__getitem__, kept))
-                b[2].extend(map(start.__getitem__, kept))
-                b[3].extend(map(end.__getitem__, kept))
-            if len(b[0]) > BUFFER_SPANS:
+                names = array("l", map(names.__getitem__, kept))
+                tracks = array("l", map(tracks.__getitem__, kept))
+                start = array("q", map(start.__getitem__, kept))
+                end = array("q", map(end.__getitem__, kept))
+            self._buffer.append((names, tracks, start, end))
+            self._buffered += len(names)
+            if self._buffered > BUFFER_SPANS:
                 # No steps to split at (or steps too long to wait for): the warm-up is not
                 # told apart; everything goes into the last bucket.
                 self.warmup_exact = False
@@ -277,11 +274,13 @@ class Builder:
             self._drain(self.aggs, None)
 
     def _drain(self, aggs: dict[int, list[Any]], bucket: int | None) -> None:
-        """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`)."""
-        names, tracks, starts, ends = self._buffer
-        self._fold(aggs, names, tracks, starts, ends, None, bucket)
+        """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`),
+        batch by batch in the order they came."""
+        for names, tracks, starts, ends in self._buffer:
+            self._fold(aggs, names, tracks, starts, ends, None, bucket)
         if aggs is self.aggs:
-            self._buffer = _new_buffer()
+            self._buffer = []
+            self._buffered = 0
 
     def _fold(
         self,
@@ -328,7 +327,7 @@ class Builder:
         header carries it (rank, world_size, run_id, clock, ...). Building may go on after."""
         self._work()
         aggs = self.aggs
-        if len(self._buffer[0]):  # fewer steps than the split needs: bucket by the ones known
+        if self._buffered:  # fewer steps than the split needs: bucket by the ones known
             aggs = {k: [*v[:6], Counter(v[6])] for k, v in aggs.items()}
             self._drain(aggs, None if self.warmup_exact else _REST)
         r_name, r_track, r_start, r_end, r_flags = self.rows
@@ -383,11 +382,6 @@ class Builder:
             },
             "metadata": metadata,
         }
-
-
-def _new_buffer() -> tuple[array[int], array[int], array[int], array[int]]:
-    """Spans the statistics keep, waiting for the warm-up split: name, track, start, end."""
-    return array("l"), array("l"), array("q"), array("q")
 
 
 _BOUND_COLUMN = array("q", _BOUND)
