@@ -301,51 +301,14 @@ def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
     out["bare"] = time.perf_counter() - t
     # The floor of any CUDA-event timer that yields numbers: two pooled records a span, and two
     # elapsed_time a span (start and end against a reference) once the step has run.
-    times: list[float] = []
-    t = time.perf_counter()
-    prev = None
-    for k in range(steps):
-        pool = pools[k % 2]
-        if prev is not None:
-            prev[-1].synchronize()  # the previous step, long finished: its numbers
-            ref = prev[0]
-            for i in range(1, 2 * per + 1, 2):
-                times.append(ref.elapsed_time(prev[i]))
-                times.append(ref.elapsed_time(prev[i + 1]))
-        pool[0].record(stream)
-        for i in range(1, 2 * per + 1, 2):
-            pool[i].record(stream)
-            x.add_(1)
-            pool[i + 1].record(stream)
-        prev = pool
-    torch.cuda.synchronize()
-    out["floor"] = time.perf_counter() - t
+    out["floor"] = _event_timer(torch, x, stream, pools, steps, per)
     # The same floor with the CUDA runtime's cudaEventElapsedTime called from C on the events'
     # raw handles (what gputrace's resolve calls) instead of torch's elapsed_time.
     from gputrace import cuda, record
 
-    elapsed = record._hot.raw_elapsed_ms if record._hot is not None else None
-    if elapsed is not None and cuda.bind_raw_elapsed(torch._C._CudaEventBase.elapsed_time):
-        times.clear()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        prev = None
-        for k in range(steps):
-            pool = pools[k % 2]
-            if prev is not None:
-                prev[-1].synchronize()
-                ref = prev[0]
-                for i in range(1, 2 * per + 1, 2):
-                    times.append(elapsed(ref, prev[i]))
-                    times.append(elapsed(ref, prev[i + 1]))
-            pool[0].record(stream)
-            for i in range(1, 2 * per + 1, 2):
-                pool[i].record(stream)
-                x.add_(1)
-                pool[i + 1].record(stream)
-            prev = pool
-        torch.cuda.synchronize()
-        out["floor_raw"] = time.perf_counter() - t
+    hot: Any = getattr(record, "_hot", None)  # the C build in use, or None
+    if hot is not None and cuda.bind_raw_elapsed(torch._C._CudaEventBase.elapsed_time):
+        out["floor_raw"] = _event_timer(torch, x, stream, pools, steps, per, hot.raw_elapsed_ms)
     for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, f"c{next(_RUNS)}")})):
         reset()
         gputrace.enable(**options)
@@ -361,6 +324,45 @@ def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
         out[key] = time.perf_counter() - t
     reset()
     return out
+
+
+def _event_timer(
+    torch: Any,
+    x: Any,
+    stream: Any,
+    pools: list[list[Any]],
+    steps: int,
+    per: int,
+    elapsed: Callable[[Any, Any], Any] | None = None,
+) -> float:
+    """Seconds for `steps` steps of `per` spans timed with bare pooled event pairs, each step's
+    numbers read (against the step's first event) once the next step is queued: with torch's
+    `Event.elapsed_time`, or with `elapsed(a, b)`."""
+    times: list[float] = []
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    prev = None
+    for k in range(steps):
+        pool = pools[k % 2]
+        if prev is not None:
+            prev[-1].synchronize()  # the previous step, long finished: its numbers
+            ref = prev[0]
+            if elapsed is None:  # torch's Event.elapsed_time, called as a user calls it
+                for i in range(1, 2 * per + 1, 2):
+                    times.append(ref.elapsed_time(prev[i]))
+                    times.append(ref.elapsed_time(prev[i + 1]))
+            else:
+                for i in range(1, 2 * per + 1, 2):
+                    times.append(elapsed(ref, prev[i]))
+                    times.append(elapsed(ref, prev[i + 1]))
+        pool[0].record(stream)
+        for i in range(1, 2 * per + 1, 2):
+            pool[i].record(stream)
+            x.add_(1)
+            pool[i + 1].record(stream)
+        prev = pool
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
 
 
 def bench_whole(quick: bool, cuda: bool) -> None:
