@@ -304,9 +304,13 @@ static PyObject *close_span(State *st, Span *s) {
     if (s->sync) return PyObject_CallFunctionObjArgs(st->close_slow, (PyObject *)s, NULL);
     PyObject *stack = s->stack;
     Py_ssize_t n = (stack && stack != Py_None) ? PyList_Size(stack) : 0;
+    int untrack = 0; /* closed and in no cycle: see below */
     if (n > 0 && PyList_GetItem(stack, n - 1) == (PyObject *)s) {
         if (PyList_SetSlice(stack, n - 1, n, NULL) < 0) return NULL;
-    } else {
+        /* A handle opened twice is its own parent, or still lower on its stack: in a cycle. */
+        untrack = s->parent != (PyObject *)s;
+        for (Py_ssize_t i = 0; untrack && i < n - 1; i++) untrack = PyList_GetItem(stack, i) != (PyObject *)s;
+    } else { /* a misnested close: spans still open inside it name it their parent (a cycle) */
         PyErr_Clear();
         PyObject *go = PyObject_CallFunctionObjArgs(st->close_unusual, (PyObject *)s, NULL);
         if (!go) return NULL;
@@ -333,9 +337,9 @@ static PyObject *close_span(State *st, Span *s) {
     }
     Py_DECREF(dev);
     if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
-    /* Closed, the span is off its stack and in no cycle of its own: the collector need not walk
-     * it (each collection of the young objects would, for every span closed since the last). */
-    PyObject_GC_UnTrack((PyObject *)s);
+    /* Closed in order, the span is off its stack and in no cycle: the collector need not walk it
+     * (each collection of the young objects would, for every span closed since the last). */
+    if (untrack) PyObject_GC_UnTrack((PyObject *)s);
     if (PyList_Size(st->pending) >= st->n_check_at) return PyObject_CallNoArgs(st->pending_full);
     Py_RETURN_NONE;
 }
@@ -2044,6 +2048,7 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
             last_stack = s->stack;
         }
         if (dv < 0 && !((s->ns0 || PyLong_CheckExact(s->t0)) && (s->ns1 || PyLong_CheckExact(s->t1)))) return 1;
+        if (dv >= 0 && !(s->t0 && s->t1)) return 1; /* a device span's times are its events */
         track_of[i] = tr;
         dev_of[i] = dv;
     }

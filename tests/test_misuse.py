@@ -319,3 +319,31 @@ print("ok", len(spans))
         env={"PYTHONWARNINGS": "ignore"},
     )
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
+
+
+@pytest.mark.filterwarnings("ignore::gputrace.errors.GputraceWarning")  # the double start is on purpose
+def test_spans_in_a_cycle_are_still_collected() -> None:
+    """Closed spans leave the collector's young objects, but not one still in a cycle: a handle
+    started twice is its own parent, and a span closed around a still open one is that one's
+    parent while it holds the stack."""
+    import gc
+    import weakref
+
+    class Owner:
+        def add_ns(self, ns: int) -> None:
+            pass
+
+    gputrace.enable(cuda=False)
+    alive = []
+    for _ in range(50):
+        owner = Owner()
+        alive.append(weakref.ref(owner))
+        s = record.OptSpan("twice", None, False, False, owner)
+        s.start()
+        s.start()
+        s.end()
+        s.end()
+        gputrace.flush()
+        del s, owner
+    gc.collect()
+    assert sum(r() is not None for r in alive) == 0
