@@ -300,6 +300,9 @@ static PyObject *open_span(State *st, Span *s) {
     Py_RETURN_NONE;
 }
 
+/* A host span: its start is held as ns, or is an int (set by the Python slow path). */
+static int span_on_host(Span *s) { return s->ns0 || (s->t0 && PyLong_CheckExact(s->t0)); }
+
 static PyObject *close_span(State *st, Span *s) {
     if (s->sync) return PyObject_CallFunctionObjArgs(st->close_slow, (PyObject *)s, NULL);
     PyObject *stack = s->stack;
@@ -319,8 +322,7 @@ static PyObject *close_span(State *st, Span *s) {
         if (!record_end) Py_RETURN_NONE;
         stack = s->stack;
     }
-    /* A host span (its start held as ns, or as an int by the slow path) needs no device. */
-    PyObject *dev = (s->ns0 || (s->t0 && PyLong_CheckExact(s->t0))) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, s_device);
+    PyObject *dev = span_on_host(s) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, s_device); /* host: none */
     if (!dev) return NULL;
     if (dev != Py_None) {
         PyObject *ev = pooled_event(st, dev);
@@ -2047,7 +2049,7 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
             if (dv < -1 || tr < 0) return 1;
             last_stack = s->stack;
         }
-        if (dv < 0 && !((s->ns0 || PyLong_CheckExact(s->t0)) && (s->ns1 || PyLong_CheckExact(s->t1)))) return 1;
+        if (dv < 0 && !(span_on_host(s) && (s->ns1 || PyLong_CheckExact(s->t1)))) return 1;
         if (dv >= 0 && !(s->t0 && s->t1)) return 1; /* a device span's times are its events */
         track_of[i] = tr;
         dev_of[i] = dv;

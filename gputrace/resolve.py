@@ -13,6 +13,7 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 from gputrace.clock import DeviceTimeline
+from gputrace.trace.model import intern
 
 if TYPE_CHECKING:
     from gputrace.clock import HostClock
@@ -56,11 +57,7 @@ class SpanStore:
         return len(self.start)
 
     def intern(self, name: str) -> int:
-        i = self._name_index.get(name)
-        if i is None:
-            i = self._name_index[name] = len(self.names)
-            self.names.append(name)
-        return i
+        return intern(self.names, self._name_index, name)  # the trace model's names, shared with it
 
     def extend(
         self,

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import atomic_writer, read_bytes, write_all
+from gputrace.trace.files import AppendFile, atomic_writer, read_bytes
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
 try:  # the C encoder of span events (same output as the Python loop below)
@@ -929,7 +929,7 @@ def _close_list(f: BinaryIO) -> None:
 # ---- streaming ----------------------------------------------------------------------------------
 
 
-class StreamWriter:
+class StreamWriter(AppendFile):
     """One rank's trace, appended to its file flush by flush.
 
     The file stays loadable at every instant: it is the array form, one event per line, and
@@ -937,29 +937,13 @@ class StreamWriter:
     readers drop). `finish()` turns it into the object form, atomically."""
 
     def __init__(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> None:
-        self.path = path
-        self.base_ns = base_ns
-        self.pid = (process.rank or 0) + 1
-        self.process = process
-        self.header = header  # distributedInfo / metadata, rewritten whole at finish()
+        super().__init__(path, base_ns, process, header)  # the header is rewritten whole at finish()
         self.writer = ProcessWriter(self.pid, process)
-        self.spans_written = 0
-        self._counter_pid = {0: self.pid}
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
         first = dumps({"ph": "M", "name": "gputrace", "pid": self.pid, "tid": 0, "args": self._header_args()})
         self._write(b"[" + first + b",\n" + self.writer.process_events())
 
     def _header_args(self) -> dict[str, Any]:
         return {"baseTimeNanoseconds": self.base_ns, **self.header}
-
-    def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
 
     def overflow_tracks(self) -> int:
         return self.writer.layout.overflow_tracks()
@@ -1010,13 +994,7 @@ class StreamWriter:
             if dst.read(1) == b"\n" and size > 1:
                 dst.seek(size - 1)
                 dst.write(b",\n")
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-
-    def abandon(self) -> None:
-        """Close without finishing (the file stays the loadable array form)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._reopen()
 
 
 def _copy(src: BinaryIO, dst: BinaryIO, block: int = 16 << 20) -> None:

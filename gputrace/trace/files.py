@@ -13,9 +13,12 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gputrace.errors import GputraceError, TraceFormatError
+
+if TYPE_CHECKING:
+    from gputrace.trace.model import Process
 
 #: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
 PROTO_EXTENSIONS = (".pftrace", ".perfetto-trace", ".pb", ".proto")
@@ -151,6 +154,38 @@ def format_for_path(path: str, fmt: str | None = None) -> str:
             raise GputraceError(f"unknown trace format {fmt!r}: use json or perfetto")
         return "chrome" if fmt in ("chrome", "json") else "perfetto"
     return "perfetto" if path.endswith(PROTO_EXTENSIONS) else "chrome"
+
+
+class AppendFile:
+    """What both formats' stream writers share: one rank's file, opened fresh (an earlier file
+    of that name is replaced), appended to with one `write()` of whole events a flush, and the
+    facts the rank's events carry (pid = rank + 1, the time base, the header)."""
+
+    def __init__(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> None:
+        self.path = path
+        self.base_ns = base_ns
+        self.pid = (process.rank or 0) + 1
+        self.process = process
+        self.header = header  # distributedInfo / metadata
+        self.spans_written = 0
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+
+    def _write(self, data: bytes) -> None:
+        write_all(self._fd, data)
+
+    def _reopen(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def abandon(self) -> None:
+        """Close without finishing (the file stays loadable as it is)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def write_all(fd: int, data: bytes) -> None:

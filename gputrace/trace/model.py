@@ -155,6 +155,15 @@ class CounterColumns:
         self.value.append(value)
 
 
+def intern(names: list[str], index: dict[str, int], name: str) -> int:
+    """`name`'s index in `names` (with `index` its inverse), added at the end when new."""
+    i = index.get(name)
+    if i is None:
+        i = index[name] = len(names)
+        names.append(name)
+    return i
+
+
 class Trace:
     """A whole trace: one rank's, a merged one, or another tool's.
 
@@ -176,11 +185,7 @@ class Trace:
     # ---- building ----------------------------------------------------------------------------
 
     def intern(self, name: str) -> int:
-        i = self._name_index.get(name)
-        if i is None:
-            i = self._name_index[name] = len(self.names)
-            self.names.append(name)
-        return i
+        return intern(self.names, self._name_index, name)
 
     def add_process(self, process: Process) -> int:
         self.processes.append(process)

@@ -66,7 +66,7 @@ from gputrace.trace.chrome import (
     dumps,
     plan_write,
 )
-from gputrace.trace.files import atomic_writer, read_bytes, write_all
+from gputrace.trace.files import AppendFile, atomic_writer, read_bytes
 from gputrace.trace.model import Process, Trace, Track
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -592,7 +592,7 @@ class _StreamLayout(Layout):
         return True
 
 
-class StreamWriter:
+class StreamWriter(AppendFile):
     """One rank's trace, appended to its file flush by flush (the interface of the JSON
     format's `StreamWriter`).
 
@@ -601,18 +601,10 @@ class StreamWriter:
     protobuf trace needs no closing bracket, so there is nothing to rewrite."""
 
     def __init__(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> None:
-        self.path = path
-        self.base_ns = base_ns
-        self.pid = (process.rank or 0) + 1
-        self.process = process
-        self.header = header
+        super().__init__(path, base_ns, process, header)
         self.writer = ProcessWriter(self.pid, process)
         self.writer.layout = _StreamLayout()
-        self.spans_written = 0
         self._enc = _Encoder(base_ns)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
         head = [_metadata_packet(HEADER, self._header_json()), self._enc.clock_packet()]
         head.append(_process_packet(self.pid, process))
         self._write(_serialize(head))
@@ -620,13 +612,6 @@ class StreamWriter:
     def _header_json(self) -> dict[str, Any]:
         facts = _process_facts([self.process], {0: self.pid})
         return {"baseTimeNanoseconds": self.base_ns, **self.header, "processes": facts}
-
-    def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
 
     def overflow_tracks(self) -> int:
         return self.writer.layout.overflow_tracks() + sum(self._enc.spilled.values())
@@ -669,13 +654,7 @@ class StreamWriter:
     def resume(self) -> None:
         """After `finish()`: go on appending (the file needs no change to take more packets)."""
         if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-
-    def abandon(self) -> None:
-        """Close without finishing (the file loads as it is)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            self._reopen()
 
 
 # ---- reading ------------------------------------------------------------------------------------
