@@ -63,8 +63,17 @@ static PyObject *s_host, *s_cuda, *s_track, *s_stream, *s_device, *s_name;
 
 static PyTypeObject *SpanType;
 
+/* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
+ * `with` statement calls __enter__ and __exit__ (Slot, below) through it: no argument tuple. */
+#ifndef Py_TPFLAGS_HAVE_VECTORCALL
+#define Py_TPFLAGS_HAVE_VECTORCALL (1UL << 11)
+#endif
+typedef PyObject *(*hot_vectorcall)(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#define HOT_NARGS(nargsf) ((Py_ssize_t)((nargsf) & ~((size_t)1 << (8 * sizeof(size_t) - 1))))
+
 typedef struct {
     PyObject_HEAD
+    hot_vectorcall vectorcall;
     PyObject *name, *args, *stack, *parent, *id, *gen, *t0, *t1, *error, *owner;
     char cuda, sync;
     /* A host span's times, held as nanoseconds rather than as int objects (ns0/ns1 set; t0/t1
@@ -368,9 +377,35 @@ static PyObject *close_installed(Span *s) {
 
 /* ---- the Span type ------------------------------------------------------------------------- */
 
+static PyObject *Span_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* Freed spans kept for reuse: a host span's whole cost is a few hundred ns, and an allocation
+ * and a free of a collector-tracked object are a tenth of it. A kept span is untracked, its
+ * fields cleared; it is made a new object again as CPython's own free lists do (the memory and
+ * the collector's header stay; PyObject_Init gives it its type and one reference). */
+#define SPAN_FREE_MAX 512
+static Span *g_free_spans[SPAN_FREE_MAX];
+static int g_n_free_spans;
+
+static Span *span_alloc(PyTypeObject *type) {
+    Span *s;
+    if (type == SpanType && g_n_free_spans > 0) {
+        s = g_free_spans[--g_n_free_spans];
+        memset((char *)s + offsetof(Span, vectorcall), 0, sizeof(Span) - offsetof(Span, vectorcall));
+        PyObject_Init((PyObject *)s, type);
+        PyObject_GC_Track((PyObject *)s);
+    } else {
+        allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+        if (!(s = (Span *)alloc(type, 0))) return NULL;
+    }
+    s->vectorcall = Span_vectorcall;
+    return s;
+}
+
+static PyObject *Span_tp_new(PyTypeObject *type, PyObject *args, PyObject *kw) { return (PyObject *)span_alloc(type); }
+
 static PyObject *Span_new_from(PyTypeObject *type, PyObject *name, PyObject *args) {
-    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
-    Span *s = (Span *)alloc(type, 0);
+    Span *s = span_alloc(type);
     if (!s) return NULL;
     s->name = Py_NewRef(name);
     s->args = Py_NewRef(args);
@@ -407,8 +442,12 @@ static void Span_dealloc(Span *s) {
     PyTypeObject *tp = Py_TYPE(s);
     PyObject_GC_UnTrack(s);
     Span_clear(s);
-    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-    f(s);
+    if (tp == SpanType && g_n_free_spans < SPAN_FREE_MAX) {
+        g_free_spans[g_n_free_spans++] = s;
+    } else {
+        freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+        f(s);
+    }
     Py_DECREF(tp);
 }
 
@@ -447,11 +486,35 @@ static PyObject *Span_end(Span *self, PyObject *unused) {
     return Span_exit(self, NULL, 0);
 }
 
-static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
-    PyObject *fn;
-    if (!PyArg_ParseTuple(args, "O", &fn)) return NULL;
+/* The decorator: `@span("name")` wraps fn. */
+static PyObject *Span_decorate(Span *self, PyObject *fn) {
     return PyObject_CallFunction(g_traced, "OOOOO", fn, self->name, self->args, self->cuda ? Py_True : Py_False,
                                  self->sync ? Py_True : Py_False);
+}
+
+/* A call on the handle: a decorator with one argument, and (see Slot below) `__enter__()` with
+ * none and `__exit__(exc_type, exc, tb)` with three. */
+static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
+    Py_ssize_t n = PyTuple_Size(args);
+    if (kw && PyDict_Size(kw) > 0) n = -1;
+    if (n == 0) return Span_enter(self, NULL);
+    if (n == 1) return Span_decorate(self, PyTuple_GetItem(args, 0));
+    if (n == 3) {
+        PyObject *a[3] = {PyTuple_GetItem(args, 0), PyTuple_GetItem(args, 1), PyTuple_GetItem(args, 2)};
+        return Span_exit(self, a, 3);
+    }
+    PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
+    return NULL;
+}
+
+static PyObject *Span_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = HOT_NARGS(nargsf);
+    if (kwnames && PyTuple_Size(kwnames) > 0) n = -1;
+    if (n == 0) return Span_enter((Span *)self, NULL);
+    if (n == 3) return Span_exit((Span *)self, args, 3);
+    if (n == 1) return Span_decorate((Span *)self, args[0]);
+    PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
+    return NULL;
 }
 
 static PyObject *Span_track(Span *self, void *closure) {
@@ -462,10 +525,6 @@ static PyObject *Span_track(Span *self, void *closure) {
 static PyObject *Span_repr(Span *self) { return PyUnicode_FromFormat("<gputrace span %R>", self->name); }
 
 static PyMethodDef Span_methods[] = {
-    {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nOpen the span; returns it."},
-    {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL,
-     "__exit__($self, exc_type=None, exc=None, tb=None, /)\n--\n\n"
-     "Close the span; an exception's type name goes into its args as `error`."},
     {"start", (PyCFunction)Span_enter, METH_NOARGS, "start($self, /)\n--\n\nOpen the span; pair with .end()."},
     {"end", (PyCFunction)Span_end, METH_NOARGS,
      "end($self, /)\n--\n\n"
@@ -482,6 +541,7 @@ static PyMemberDef Span_members[] = {
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Span, vectorcall), READONLY, NULL},
     {"cuda", T_BOOL, offsetof(Span, cuda), 0, "Timed with CUDA events (else a host span)."},
     {"sync", T_BOOL, offsetof(Span, sync), 0, "Synchronises the device around each record."},
     {NULL},
@@ -541,7 +601,7 @@ static PyType_Slot Span_slots[] = {
      "One span: the handle span() returns, and the record the recorder keeps. A context manager,\n"
      "a decorator, and .start()/.end()."},
     {Py_tp_init, Span_init},
-    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_new, Span_tp_new},
     {Py_tp_dealloc, Span_dealloc},
     {Py_tp_traverse, Span_traverse},
     {Py_tp_clear, Span_clear},
@@ -554,7 +614,8 @@ static PyType_Slot Span_slots[] = {
 };
 
 static PyType_Spec Span_spec = {
-    "gputrace._hot.Span", sizeof(Span), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, Span_slots,
+    "gputrace._hot.Span", sizeof(Span), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, Span_slots,
 };
 
 /* ---- the handle span() gives while recording is off ------------------------------------------ */
@@ -565,6 +626,7 @@ static PyType_Spec Span_spec = {
  * still traces under that name once recording is on. */
 typedef struct {
     PyObject_HEAD
+    hot_vectorcall vectorcall;
     PyObject *name, *args;
     char cuda, sync;
 } Disabled;
@@ -606,25 +668,45 @@ static void Disabled_dealloc(Disabled *s) {
 
 static PyObject *Disabled_self(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
 
-static PyObject *Disabled_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "__exit__() takes exc_type, exc and tb");
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 static PyObject *Disabled_end(PyObject *self, PyObject *unused) { Py_RETURN_NONE; }
 
+/* As Span_call: decorate with one argument, `__enter__()` with none, `__exit__` with three. */
 static PyObject *Disabled_call(Disabled *self, PyObject *args, PyObject *kw) {
-    PyObject *fn;
-    if (kw && PyDict_Size(kw) > 0) {
+    Py_ssize_t n = PyTuple_Size(args);
+    if (kw && PyDict_Size(kw) > 0) n = -1;
+    if (n == 0) return Py_NewRef((PyObject *)self);
+    if (n == 3) Py_RETURN_NONE;
+    if (n != 1) {
         PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O", &fn)) return NULL;
-    return PyObject_CallFunction(g_traced, "OOOOO", fn, self->name, self->args ? self->args : Py_None,
-                                 self->cuda ? Py_True : Py_False, self->sync ? Py_True : Py_False);
+    return PyObject_CallFunction(g_traced, "OOOOO", PyTuple_GetItem(args, 0), self->name,
+                                 self->args ? self->args : Py_None, self->cuda ? Py_True : Py_False,
+                                 self->sync ? Py_True : Py_False);
+}
+
+static PyObject *Disabled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t n = HOT_NARGS(nargsf);
+    if (n == 0 && !kwnames) return Py_NewRef(self);
+    if (n == 3 && !kwnames) Py_RETURN_NONE;
+    PyObject *t = PyTuple_New(n); /* the decorator, or a mistake: as a plain call */
+    if (!t) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SetItem(t, i, Py_NewRef(args[i]));
+    PyObject *kw = NULL;
+    Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (nk > 0 && (kw = PyDict_New()))
+        for (Py_ssize_t i = 0; i < nk; i++) PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]);
+    PyObject *r = (nk > 0 && !kw) ? NULL : Disabled_call((Disabled *)self, t, kw);
+    Py_DECREF(t);
+    Py_XDECREF(kw);
+    return r;
+}
+
+static PyObject *Disabled_tp_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    Disabled *d = (Disabled *)alloc(type, 0);
+    if (d) d->vectorcall = Disabled_vectorcall;
+    return (PyObject *)d;
 }
 
 static PyObject *Disabled_repr(Disabled *self) {
@@ -632,9 +714,6 @@ static PyObject *Disabled_repr(Disabled *self) {
 }
 
 static PyMethodDef Disabled_methods[] = {
-    {"__enter__", (PyCFunction)Disabled_self, METH_NOARGS, "__enter__($self, /)\n--\n\nDoes nothing; returns the handle."},
-    {"__exit__", (PyCFunction)(void (*)(void))Disabled_exit, METH_FASTCALL,
-     "__exit__($self, exc_type, exc, tb, /)\n--\n\nDoes nothing."},
     {"start", (PyCFunction)Disabled_self, METH_NOARGS, "start($self, /)\n--\n\nDoes nothing; returns the handle."},
     {"end", (PyCFunction)Disabled_end, METH_NOARGS, "end($self, /)\n--\n\nDoes nothing."},
     {NULL},
@@ -643,6 +722,7 @@ static PyMethodDef Disabled_methods[] = {
 static PyMemberDef Disabled_members[] = {
     {"name", T_OBJECT_EX, offsetof(Disabled, name), READONLY, "The span's name."},
     {"args", T_OBJECT, offsetof(Disabled, args), READONLY, "Keyword arguments given to span(), or None."},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Disabled, vectorcall), READONLY, NULL},
     {"cuda", T_BOOL, offsetof(Disabled, cuda), READONLY, "Timed with CUDA events (else a host span)."},
     {"sync", T_BOOL, offsetof(Disabled, sync), READONLY, "Synchronises the device around each record."},
     {NULL},
@@ -654,7 +734,7 @@ static PyType_Slot Disabled_slots[] = {
      "What span() gives while recording is off: a do-nothing context manager that remembers its\n"
      "name (as a decorator it traces under that name once recording is on)."},
     {Py_tp_init, Disabled_init},
-    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_new, Disabled_tp_new},
     {Py_tp_dealloc, Disabled_dealloc},
     {Py_tp_traverse, Disabled_traverse},
     {Py_tp_clear, Disabled_clear},
@@ -666,8 +746,86 @@ static PyType_Slot Disabled_slots[] = {
 };
 
 static PyType_Spec Disabled_spec = {
-    "gputrace._hot.DisabledSpan", sizeof(Disabled), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Disabled_slots,
+    "gputrace._hot.DisabledSpan", sizeof(Disabled), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    Disabled_slots,
 };
+
+/* ---- __enter__ and __exit__ without a bound method ----------------------------------------- */
+
+/* A `with` statement looks __enter__ and __exit__ up on the type and binds each to the handle:
+ * for a C method that is a new bound-method object each, ~50 ns a span for the two on Python
+ * 3.12, a sixth of a host span's whole cost. A Slot binds to the handle itself instead, and the
+ * handle's call dispatches on its argument count (Span_call): none is __enter__, three are
+ * __exit__, one is the decorator. Looked up on the class (`type(cm).__enter__(cm)`, as
+ * contextlib.ExitStack does) a Slot is called with the handle first. */
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *owner; /* the handle type it is a slot of */
+    PyObject *name;      /* "__enter__" or "__exit__" */
+    int nargs;           /* the arguments it takes after the handle: 0 or 3 */
+} Slot;
+
+static PyTypeObject *SlotType;
+
+static void Slot_dealloc(Slot *s) {
+    PyTypeObject *tp = Py_TYPE(s);
+    Py_CLEAR(s->name);
+    Py_CLEAR(s->owner);
+    freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    f(s);
+    Py_DECREF(tp);
+}
+
+static PyObject *Slot_get(PyObject *self, PyObject *obj, PyObject *type) {
+    return Py_NewRef(obj && obj != Py_None ? obj : self);
+}
+
+static PyObject *Slot_call(Slot *self, PyObject *args, PyObject *kw) {
+    Py_ssize_t n = PyTuple_Size(args);
+    PyObject *h = n > 0 ? PyTuple_GetItem(args, 0) : NULL;
+    if (n != self->nargs + 1 || (kw && PyDict_Size(kw) > 0) || !PyObject_TypeCheck(h, self->owner)) {
+        PyErr_Format(PyExc_TypeError, "%U() takes a span handle%s", self->name,
+                     self->nargs ? ", exc_type, exc and tb" : " alone");
+        return NULL;
+    }
+    PyObject *rest = PyTuple_GetSlice(args, 1, n);
+    if (!rest) return NULL;
+    ternaryfunc call = (ternaryfunc)PyType_GetSlot(self->owner, Py_tp_call);
+    PyObject *r = call(h, rest, NULL);
+    Py_DECREF(rest);
+    return r;
+}
+
+static PyObject *Slot_repr(Slot *self) {
+    return PyUnicode_FromFormat("<slot %R of %R>", self->name, (PyObject *)self->owner);
+}
+
+static PyType_Slot Slot_slots[] = {
+    {Py_tp_doc, "__enter__ or __exit__ of a span handle, bound to the handle itself (internal)."},
+    {Py_tp_dealloc, Slot_dealloc},
+    {Py_tp_descr_get, Slot_get},
+    {Py_tp_call, Slot_call},
+    {Py_tp_repr, Slot_repr},
+    {0, NULL},
+};
+
+static PyType_Spec Slot_spec = {"gputrace._hot._Slot", sizeof(Slot), 0, Py_TPFLAGS_DEFAULT, Slot_slots};
+
+/* Set type.__enter__ and type.__exit__ to Slots. */
+static int add_slots(PyTypeObject *type) {
+    static const char *names[2] = {"__enter__", "__exit__"};
+    for (int i = 0; i < 2; i++) {
+        Slot *s = (Slot *)PyType_GenericAlloc(SlotType, 0);
+        if (!s) return -1;
+        s->owner = (PyTypeObject *)Py_NewRef((PyObject *)type);
+        s->nargs = i ? 3 : 0;
+        int r = (s->name = PyUnicode_InternFromString(names[i])) ? PyObject_SetAttr((PyObject *)type, s->name, (PyObject *)s)
+                                                                 : -1;
+        Py_DECREF(s);
+        if (r < 0) return -1;
+    }
+    return 0;
+}
 
 /* ---- span() and the recorder entry points ------------------------------------------------- */
 
@@ -2485,6 +2643,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     if (!SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)SpanType)) < 0) goto fail;
     DisabledType = (PyTypeObject *)PyType_FromSpec(&Disabled_spec);
     if (!DisabledType || PyModule_AddObject(m, "DisabledSpan", Py_NewRef((PyObject *)DisabledType)) < 0) goto fail;
+    SlotType = (PyTypeObject *)PyType_FromSpec(&Slot_spec);
+    if (!SlotType || add_slots(SpanType) < 0 || add_slots(DisabledType) < 0) goto fail;
     StateType = (PyTypeObject *)PyType_FromSpec(&State_spec);
     if (!StateType) goto fail;
     PyObject *layout = layout_tuple();

@@ -108,6 +108,56 @@ def test_exception_closes_the_span_and_marks_it() -> None:
     assert record.ACTIVE is not None and record.ACTIVE.open_spans() == []
 
 
+def test_spans_entered_the_ways_contextlib_enters_them() -> None:
+    """ExitStack calls `type(cm).__enter__(cm)` and `type(cm).__exit__(cm, ...)`; the handle's
+    own methods are called bound. Each records as a `with` does, recording on or off."""
+    import contextlib
+
+    for on in (False, True):
+        if on:
+            gputrace.enable(cuda=False)
+        with contextlib.ExitStack() as stack:
+            entered = stack.enter_context(gputrace.span("stacked", k=1))
+            assert entered.name == "stacked"
+        s = gputrace.span("unbound")
+        assert type(s).__enter__(s) is s
+        assert not type(s).__exit__(s, KeyError, KeyError(), None)
+        b = gputrace.span("bound")
+        assert b.__enter__() is b
+        b.__exit__(None, None, None)
+        with pytest.raises(TypeError):
+            type(s).__exit__(s)  # __exit__ takes the exception's three values
+    spans = {e["name"]: e for e in spans_of(gputrace.trace_dict())}
+    assert sorted(spans) == ["bound", "stacked", "unbound"]
+    assert spans["stacked"]["args"] == {"k": 1}
+    assert spans["unbound"]["args"] == {"error": "KeyError"}
+    assert "args" not in spans["bound"]
+
+
+def test_a_span_made_after_many_closed_carries_nothing_of_theirs() -> None:
+    """Closed spans' memory is reused for new ones: nothing of the old span may leak into a new
+    one (its args, error, times, or track)."""
+    gputrace.enable(cuda=False)
+    for i in range(600):
+        try:
+            with gputrace.span("old", i=i):
+                raise ValueError
+        except ValueError:
+            pass
+    gputrace.flush()
+    t = threading.Thread(target=lambda: gputrace.span("new").start().end())
+    t.start()
+    t.join()
+    with gputrace.span("plain"):
+        pass
+    spans = spans_of(gputrace.trace_dict())
+    plain = [e for e in spans if e["name"] == "plain"]
+    new = [e for e in spans if e["name"] == "new"]
+    assert len(plain) == len(new) == 1 and "args" not in plain[0] and "args" not in new[0]
+    assert new[0]["tid"] != plain[0]["tid"]
+    assert plain[0]["start"] >= max(e["end"] for e in spans if e["name"] == "old")
+
+
 def test_threads_get_their_own_tracks() -> None:
     gputrace.enable(cuda=False)
     barrier = threading.Barrier(3)

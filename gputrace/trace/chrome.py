@@ -640,7 +640,7 @@ def encode_spans(
         if _is_columns(tracks_a, starts_a, ends_a):
             if lanes is None:
                 lanes = writer.layout.place(tracks_a, starts_a, ends_a)
-            if not any(lanes):  # every span on its track itself: encode from the columns in C
+            if lanes.count(0) == len(lanes):  # every span on its track itself: encode from the columns in C
                 _encode_piece(trace, writer, base_ns, out, lo, hi, tracks_a, starts_a, ends_a)
                 return
     starts = [sp.start[i] for i in rows]
