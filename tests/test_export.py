@@ -186,3 +186,45 @@ def test_c_encoder_writes_what_the_python_loop_writes(monkeypatch) -> None:  # t
     with_c = chrome.encode(t)
     monkeypatch.setattr(chrome, "_encode_events", None)
     assert chrome.encode(t) == with_c
+
+
+def test_writes_behind_keep_their_order_and_report_a_failed_write(tmp_path: Path) -> None:
+    """Past its first bytes a save's writes run in a thread (with the C build): the file holds
+    the pieces in order, and a write that fails (a full disk: /dev/full) fails the block."""
+    import pytest
+
+    from gputrace.trace import files
+
+    rng = random.Random(5)
+    pieces = [bytes([65 + i % 26]) * rng.randrange(1, 300_000) for i in range(60)]
+    path = tmp_path / "out"
+    with open(path, "wb") as f, files.writes_behind(f, after=100_000) as write:
+        for p in pieces:
+            write(p)
+    assert path.read_bytes() == b"".join(pieces)
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(OSError) as e:
+        with open("/dev/full", "wb", buffering=0) as f, files.writes_behind(f, after=0) as write:
+            for p in pieces:
+                write(p)
+    assert e.value.errno == 28  # ENOSPC
+
+
+def test_a_save_onto_a_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """The whole writer path on a device that takes no bytes: a one-line error, no file."""
+    import pytest
+
+    from gputrace.errors import GputraceError
+    from gputrace.trace import files
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(GputraceError, match="cannot write"):
+        with files.atomic_writer(str(tmp_path / "t.json")) as f:
+            full = os.open("/dev/full", os.O_WRONLY)
+            os.dup2(full, f.fileno())
+            os.close(full)
+            with files.writes_behind(f, after=0) as write:
+                write(b"x" * 3_000_000)
+    assert not list(tmp_path.iterdir())

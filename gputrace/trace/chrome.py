@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import AppendFile, atomic_writer, read_bytes
+from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
 try:  # the C encoder of span events (same output as the Python loop below)
@@ -902,8 +902,9 @@ def write(
     """Write the trace to `path` atomically (see `iter_encode` for `ordered`); `meanwhile` runs
     while the file reaches the disk."""
     with atomic_writer(path, meanwhile=meanwhile) as f:
-        for piece in iter_encode(trace, base_ns, ordered):
-            f.write(piece)
+        with writes_behind(f) as write:  # the disk's copy of a piece overlaps encoding the next
+            for piece in iter_encode(trace, base_ns, ordered):
+                write(piece)
         _close_list(f)
 
 

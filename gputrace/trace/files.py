@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from gputrace.trace.model import Process
 
 #: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
+try:  # the C build's writer thread (writes_behind)
+    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("GPUTRACE_PURE_PYTHON is set")
+    from gputrace._hot import Writer as _Writer
+except ImportError:
+    _Writer = None  # type: ignore[assignment,misc]
+
 PROTO_EXTENSIONS = (".pftrace", ".perfetto-trace", ".pb", ".proto")
 TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
 
@@ -81,6 +88,39 @@ def _sync_while(fd: int, work: Callable[[], object]) -> None:
         t.join()
     if failed:
         raise failed[0]
+
+
+@contextlib.contextmanager
+def writes_behind(f: BinaryIO, after: int = 1 << 20) -> Iterator[Callable[[bytes], object]]:
+    """A `write` for `f` whose writes, past the first `after` bytes, run in a thread of the C
+    build (`_hot.Writer`): the kernel's copy of one piece into the page cache overlaps the
+    encoding of the next. That thread runs no Python, so it never waits for the GIL the encoder
+    holds (a Python thread would, up to the interpreter's 5 ms switch interval a write). A
+    failed write's error is raised by a later `write` or when the block ends. Without the C
+    build, or with no thread to be had, writes happen in place."""
+    writer: Any = None
+    written = 0
+
+    def write(data: bytes) -> None:
+        nonlocal writer, written
+        if writer is None and _Writer is not None and 0 <= written and written >= after:
+            f.flush()  # the thread writes at the descriptor's offset from here to the block's end
+            try:
+                writer = _Writer(f.fileno())
+            except OSError:  # no thread to be had: in place
+                written = -1
+        if writer is not None:
+            writer.write(data)
+            return
+        if written >= 0:
+            written += len(data)
+        f.write(data)
+
+    try:
+        yield write
+    finally:
+        if writer is not None:
+            writer.close()  # waits for the queued writes; raises the first one's error
 
 
 def write_atomic(path: str, data: bytes) -> None:
