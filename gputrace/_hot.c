@@ -779,8 +779,40 @@ static void Slot_dealloc(Slot *s) {
     Py_DECREF(tp);
 }
 
+/* The handle's own methods, for a subclass whose call is its own (Slot_get below). */
+static PyObject *slot_enter(PyObject *h, PyObject *unused) {
+    ternaryfunc call = (ternaryfunc)PyType_GetSlot(PyObject_TypeCheck(h, SpanType) ? SpanType : DisabledType, Py_tp_call);
+    PyObject *none = PyTuple_New(0);
+    PyObject *r = none ? call(h, none, NULL) : NULL;
+    Py_XDECREF(none);
+    return r;
+}
+
+static PyObject *slot_exit(PyObject *h, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__exit__() takes exc_type, exc and tb");
+        return NULL;
+    }
+    ternaryfunc call = (ternaryfunc)PyType_GetSlot(PyObject_TypeCheck(h, SpanType) ? SpanType : DisabledType, Py_tp_call);
+    PyObject *t = PyTuple_Pack(3, args[0], args[1], args[2]);
+    PyObject *r = t ? call(h, t, NULL) : NULL;
+    Py_XDECREF(t);
+    return r;
+}
+
+static PyMethodDef slot_defs[2] = {
+    {"__enter__", (PyCFunction)slot_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nOpen the span; returns it."},
+    {"__exit__", (PyCFunction)(void (*)(void))slot_exit, METH_FASTCALL,
+     "__exit__($self, exc_type, exc, tb, /)\n--\n\nClose the span; an exception's type name goes into its args."},
+};
+
+/* The handle itself where its call is the owner type's (the dispatch above); a subclass that
+ * defines __call__ gets a bound method, as a C method would give. */
 static PyObject *Slot_get(PyObject *self, PyObject *obj, PyObject *type) {
-    return Py_NewRef(obj && obj != Py_None ? obj : self);
+    if (!obj || obj == Py_None) return Py_NewRef(self);
+    Slot *sl = (Slot *)self;
+    if (PyType_GetSlot(Py_TYPE(obj), Py_tp_call) == PyType_GetSlot(sl->owner, Py_tp_call)) return Py_NewRef(obj);
+    return PyCFunction_NewEx(&slot_defs[sl->nargs ? 1 : 0], obj, NULL);
 }
 
 static PyObject *Slot_call(Slot *self, PyObject *args, PyObject *kw) {
@@ -812,7 +844,11 @@ static PyType_Slot Slot_slots[] = {
     {0, NULL},
 };
 
-static PyType_Spec Slot_spec = {"gputrace._hot._Slot", sizeof(Slot), 0, Py_TPFLAGS_DEFAULT, Slot_slots};
+#ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION
+#define Py_TPFLAGS_DISALLOW_INSTANTIATION (1UL << 7)
+#endif
+static PyType_Spec Slot_spec = {"gputrace._hot._Slot", sizeof(Slot), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Slot_slots};
 
 /* Set type.__enter__ and type.__exit__ to Slots. */
 static int add_slots(PyTypeObject *type) {

@@ -136,15 +136,22 @@ def test_spans_entered_the_ways_contextlib_enters_them() -> None:
 
 def test_a_span_made_after_many_closed_carries_nothing_of_theirs() -> None:
     """Closed spans' memory is reused for new ones: nothing of the old span may leak into a new
-    one (its args, error, times, or track)."""
+    one (its options, args, error, times, track, or its place in the collector's view)."""
+    import gc
+
     gputrace.enable(cuda=False)
     for i in range(600):
         try:
-            with gputrace.span("old", i=i):
+            with gputrace.span("old", i=i, timer_type="cpu", cuda_sync=True):
                 raise ValueError
         except ValueError:
             pass
     gputrace.flush()
+    fresh = gputrace.span("fresh")
+    assert (fresh.name, fresh.args, fresh.cuda, fresh.sync) == ("fresh", None, True, False)
+    assert gc.is_tracked(fresh) and fresh.track is None
+    with pytest.raises(AttributeError):
+        fresh.t0  # noqa: B018 - a span not yet opened has no start
     t = threading.Thread(target=lambda: gputrace.span("new").start().end())
     t.start()
     t.join()
@@ -156,6 +163,27 @@ def test_a_span_made_after_many_closed_carries_nothing_of_theirs() -> None:
     assert len(plain) == len(new) == 1 and "args" not in plain[0] and "args" not in new[0]
     assert new[0]["tid"] != plain[0]["tid"]
     assert plain[0]["start"] >= max(e["end"] for e in spans if e["name"] == "old")
+
+
+def test_a_subclass_of_span_with_a_call_of_its_own_still_enters_and_exits() -> None:
+    gputrace.enable(cuda=False)
+
+    class Sub(gputrace.Span):  # type: ignore[misc,valid-type]
+        def __call__(self, fn: object) -> object:
+            return fn
+
+    with Sub("sub") as s:
+        assert s.name == "sub"
+    assert Sub("x")(len) is len
+    assert [e["name"] for e in spans_of(gputrace.trace_dict())] == ["sub"]
+
+
+def test_the_c_handles_enter_and_exit_slots_cannot_be_made_by_hand() -> None:
+    if record._hot is None:
+        pytest.skip("the C build is not in use")
+    slot = type(record._hot.Span.__dict__["__enter__"])
+    with pytest.raises(TypeError):
+        slot()
 
 
 def test_threads_get_their_own_tracks() -> None:

@@ -188,20 +188,31 @@ def test_c_encoder_writes_what_the_python_loop_writes(monkeypatch) -> None:  # t
     assert chrome.encode(t) == with_c
 
 
-def test_writes_behind_keep_their_order_and_report_a_failed_write(tmp_path: Path) -> None:
-    """Past its first bytes a save's writes run in a thread (with the C build): the file holds
+def test_writes_behind_keep_their_order_and_report_a_failed_write(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Past its first bytes a save's writes run in the C build's writer thread: the file holds
     the pieces in order, and a write that fails (a full disk: /dev/full) fails the block."""
     import pytest
 
     from gputrace.trace import files
 
+    made: list[int] = []
+    if files._Writer is not None:  # count the threads made: the C build must use one here
+        real = files._Writer
+
+        def counting(fd: int) -> object:
+            made.append(fd)
+            return real(fd)
+
+        monkeypatch.setattr(files, "_Writer", counting)
     rng = random.Random(5)
     pieces = [bytes([65 + i % 26]) * rng.randrange(1, 300_000) for i in range(60)]
     path = tmp_path / "out"
     with open(path, "wb") as f, files.writes_behind(f, after=100_000) as write:
         for p in pieces:
             write(p)
-    assert path.read_bytes() == b"".join(pieces)
+        write(bytearray(b"and a bytearray"))
+    assert path.read_bytes() == b"".join(pieces) + b"and a bytearray"
+    assert len(made) == (files._Writer is not None)
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     with pytest.raises(OSError) as e:
@@ -209,6 +220,50 @@ def test_writes_behind_keep_their_order_and_report_a_failed_write(tmp_path: Path
             for p in pieces:
                 write(p)
     assert e.value.errno == 28  # ENOSPC
+    assert len(made) == 2 * (files._Writer is not None)
+
+
+def test_the_writer_thread_writes_every_byte_in_order_through_interrupted_partial_writes() -> None:
+    """A pipe read in random small reads makes partial writes; a timer signal every 0.2 ms makes
+    interrupted ones. Every byte arrives, in order."""
+    import hashlib
+    import signal
+    import threading
+
+    import pytest
+
+    hot = pytest.importorskip("gputrace._hot")
+    r, w = os.pipe()
+    got = hashlib.sha256()
+    rng = random.Random(1)
+
+    def read() -> None:
+        while b := os.read(r, rng.randrange(1, 70_000)):
+            got.update(b)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    old = signal.signal(signal.SIGALRM, lambda *a: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+    want = hashlib.sha256()
+    try:
+        writer = hot.Writer(w, 1 << 20)
+        for i in range(200):
+            piece = bytes([i % 251]) * rng.randrange(1, 400_000)
+            want.update(piece)
+            writer.write(piece)
+        writer.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.close(w)
+        reader.join()
+        os.close(r)
+    assert got.digest() == want.digest()
+    bad = hot.Writer(os.open(os.devnull, os.O_RDONLY))  # a descriptor that takes no writes
+    with pytest.raises(OSError):
+        bad.write(b"x")
+        bad.close()
 
 
 def test_a_save_onto_a_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from gputrace.errors import GputraceError, TraceFormatError
 if TYPE_CHECKING:
     from gputrace.trace.model import Process
 
-#: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
 try:  # the C build's writer thread (writes_behind)
     if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
         raise ImportError("GPUTRACE_PURE_PYTHON is set")
@@ -28,6 +27,7 @@ try:  # the C build's writer thread (writes_behind)
 except ImportError:
     _Writer = None  # type: ignore[assignment,misc]
 
+#: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
 PROTO_EXTENSIONS = (".pftrace", ".perfetto-trace", ".pb", ".proto")
 TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
 
@@ -110,7 +110,7 @@ def writes_behind(f: BinaryIO, after: int = 1 << 20) -> Iterator[Callable[[bytes
             except OSError:  # no thread to be had: in place
                 written = -1
         if writer is not None:
-            writer.write(data)
+            writer.write(data if type(data) is bytes else bytes(data))
             return
         if written >= 0:
             written += len(data)
