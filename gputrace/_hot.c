@@ -2705,7 +2705,7 @@ static void writer_stop(Writer *w) {
 static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"fd", "limit", NULL};
     int fd;
-    Py_ssize_t limit = 8 << 20;
+    Py_ssize_t limit = 4 << 20;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|n", kwlist, &fd, &limit)) return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     Writer *w = (Writer *)alloc(type, 0);
@@ -2783,7 +2783,7 @@ static PyMethodDef Writer_methods[] = {
 
 static PyType_Slot Writer_slots[] = {
     {Py_tp_doc,
-     "Writer(fd, limit=8 MiB)\n--\n\n"
+     "Writer(fd, limit=4 MiB)\n--\n\n"
      "Writes bytes to the file descriptor `fd` in a thread of its own, in the order given, while\n"
      "the caller goes on; `close()` waits for them. The descriptor's offset is the thread's until then."},
     {Py_tp_new, Writer_new},
