@@ -495,29 +495,31 @@ static PyObject *Span_decorate(Span *self, PyObject *fn) {
                                  self->sync ? Py_True : Py_False);
 }
 
-/* A call on the handle: a decorator with one argument, and (see Slot below) `__enter__()` with
- * none and `__exit__(exc_type, exc, tb)` with three. */
-static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
+/* A call's positional arguments (at most 3) from tp_call's tuple; -1 with keywords or more. */
+static Py_ssize_t tuple_args(PyObject *args, PyObject *kw, PyObject **a) {
     Py_ssize_t n = PyTuple_Size(args);
-    if (kw && PyDict_Size(kw) > 0) n = -1;
+    if ((kw && PyDict_Size(kw) > 0) || n > 3) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) a[i] = PyTuple_GetItem(args, i);
+    return n;
+}
+
+/* A call on the handle, by its argument count (n = -1: keywords or too many): one decorates;
+ * none is `__enter__()` and three are `__exit__(exc_type, exc, tb)` (see Slot below). */
+static PyObject *span_dispatch(Span *self, PyObject *const *a, Py_ssize_t n) {
     if (n == 0) return Span_enter(self, NULL);
-    if (n == 1) return Span_decorate(self, PyTuple_GetItem(args, 0));
-    if (n == 3) {
-        PyObject *a[3] = {PyTuple_GetItem(args, 0), PyTuple_GetItem(args, 1), PyTuple_GetItem(args, 2)};
-        return Span_exit(self, a, 3);
-    }
+    if (n == 3) return Span_exit(self, a, 3);
+    if (n == 1) return Span_decorate(self, a[0]);
     PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
     return NULL;
 }
 
 static PyObject *Span_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = HOT_NARGS(nargsf);
-    if (kwnames && PyTuple_Size(kwnames) > 0) n = -1;
-    if (n == 0) return Span_enter((Span *)self, NULL);
-    if (n == 3) return Span_exit((Span *)self, args, 3);
-    if (n == 1) return Span_decorate((Span *)self, args[0]);
-    PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
-    return NULL;
+    return span_dispatch((Span *)self, args, kwnames && PyTuple_Size(kwnames) > 0 ? -1 : HOT_NARGS(nargsf));
+}
+
+static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
+    PyObject *a[3];
+    return span_dispatch(self, a, tuple_args(args, kw, a));
 }
 
 static PyObject *Span_track(Span *self, void *closure) {
@@ -673,36 +675,25 @@ static PyObject *Disabled_self(PyObject *self, PyObject *unused) { return Py_New
 
 static PyObject *Disabled_end(PyObject *self, PyObject *unused) { Py_RETURN_NONE; }
 
-/* As Span_call: decorate with one argument, `__enter__()` with none, `__exit__` with three. */
-static PyObject *Disabled_call(Disabled *self, PyObject *args, PyObject *kw) {
-    Py_ssize_t n = PyTuple_Size(args);
-    if (kw && PyDict_Size(kw) > 0) n = -1;
+/* As span_dispatch: one argument decorates, none enters, three exit (all doing nothing). */
+static PyObject *disabled_dispatch(Disabled *self, PyObject *const *a, Py_ssize_t n) {
     if (n == 0) return Py_NewRef((PyObject *)self);
     if (n == 3) Py_RETURN_NONE;
     if (n != 1) {
         PyErr_SetString(PyExc_TypeError, "a span decorates one function, given alone");
         return NULL;
     }
-    return PyObject_CallFunction(g_traced, "OOOOO", PyTuple_GetItem(args, 0), self->name,
-                                 self->args ? self->args : Py_None, self->cuda ? Py_True : Py_False,
-                                 self->sync ? Py_True : Py_False);
+    return PyObject_CallFunction(g_traced, "OOOOO", a[0], self->name, self->args ? self->args : Py_None,
+                                 self->cuda ? Py_True : Py_False, self->sync ? Py_True : Py_False);
 }
 
 static PyObject *Disabled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    Py_ssize_t n = HOT_NARGS(nargsf);
-    if (n == 0 && !kwnames) return Py_NewRef(self);
-    if (n == 3 && !kwnames) Py_RETURN_NONE;
-    PyObject *t = PyTuple_New(n); /* the decorator, or a mistake: as a plain call */
-    if (!t) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SetItem(t, i, Py_NewRef(args[i]));
-    PyObject *kw = NULL;
-    Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
-    if (nk > 0 && (kw = PyDict_New()))
-        for (Py_ssize_t i = 0; i < nk; i++) PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]);
-    PyObject *r = (nk > 0 && !kw) ? NULL : Disabled_call((Disabled *)self, t, kw);
-    Py_DECREF(t);
-    Py_XDECREF(kw);
-    return r;
+    return disabled_dispatch((Disabled *)self, args, kwnames && PyTuple_Size(kwnames) > 0 ? -1 : HOT_NARGS(nargsf));
+}
+
+static PyObject *Disabled_call(Disabled *self, PyObject *args, PyObject *kw) {
+    PyObject *a[3];
+    return disabled_dispatch(self, a, tuple_args(args, kw, a));
 }
 
 static PyObject *Disabled_tp_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -779,25 +770,16 @@ static void Slot_dealloc(Slot *s) {
     Py_DECREF(tp);
 }
 
-/* The handle's own methods, for a subclass whose call is its own (Slot_get below). */
-static PyObject *slot_enter(PyObject *h, PyObject *unused) {
-    ternaryfunc call = (ternaryfunc)PyType_GetSlot(PyObject_TypeCheck(h, SpanType) ? SpanType : DisabledType, Py_tp_call);
-    PyObject *none = PyTuple_New(0);
-    PyObject *r = none ? call(h, none, NULL) : NULL;
-    Py_XDECREF(none);
-    return r;
-}
+/* The handle's __enter__ and __exit__ as bound methods, for a Span subclass whose call is its
+ * own (Slot_get below). */
+static PyObject *slot_enter(PyObject *h, PyObject *unused) { return span_dispatch((Span *)h, NULL, 0); }
 
 static PyObject *slot_exit(PyObject *h, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "__exit__() takes exc_type, exc and tb");
         return NULL;
     }
-    ternaryfunc call = (ternaryfunc)PyType_GetSlot(PyObject_TypeCheck(h, SpanType) ? SpanType : DisabledType, Py_tp_call);
-    PyObject *t = PyTuple_Pack(3, args[0], args[1], args[2]);
-    PyObject *r = t ? call(h, t, NULL) : NULL;
-    Py_XDECREF(t);
-    return r;
+    return span_dispatch((Span *)h, args, 3);
 }
 
 static PyMethodDef slot_defs[2] = {
@@ -806,12 +788,13 @@ static PyMethodDef slot_defs[2] = {
      "__exit__($self, exc_type, exc, tb, /)\n--\n\nClose the span; an exception's type name goes into its args."},
 };
 
-/* The handle itself where its call is the owner type's (the dispatch above); a subclass that
- * defines __call__ gets a bound method, as a C method would give. */
+/* The handle itself where its call is the owner type's dispatch; a subclass that defines
+ * __call__ gets a bound method, as a C method would give. */
 static PyObject *Slot_get(PyObject *self, PyObject *obj, PyObject *type) {
     if (!obj || obj == Py_None) return Py_NewRef(self);
     Slot *sl = (Slot *)self;
-    if (PyType_GetSlot(Py_TYPE(obj), Py_tp_call) == PyType_GetSlot(sl->owner, Py_tp_call)) return Py_NewRef(obj);
+    if (Py_TYPE(obj) == sl->owner || PyType_GetSlot(Py_TYPE(obj), Py_tp_call) == PyType_GetSlot(sl->owner, Py_tp_call))
+        return Py_NewRef(obj);
     return PyCFunction_NewEx(&slot_defs[sl->nargs ? 1 : 0], obj, NULL);
 }
 
@@ -823,12 +806,10 @@ static PyObject *Slot_call(Slot *self, PyObject *args, PyObject *kw) {
                      self->nargs ? ", exc_type, exc and tb" : " alone");
         return NULL;
     }
-    PyObject *rest = PyTuple_GetSlice(args, 1, n);
-    if (!rest) return NULL;
-    ternaryfunc call = (ternaryfunc)PyType_GetSlot(self->owner, Py_tp_call);
-    PyObject *r = call(h, rest, NULL);
-    Py_DECREF(rest);
-    return r;
+    PyObject *a[3];
+    for (Py_ssize_t i = 1; i < n; i++) a[i - 1] = PyTuple_GetItem(args, i);
+    return self->owner == DisabledType ? disabled_dispatch((Disabled *)h, a, self->nargs)
+                                       : span_dispatch((Span *)h, a, self->nargs);
 }
 
 static PyObject *Slot_repr(Slot *self) {
