@@ -2360,19 +2360,20 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
     Py_ssize_t *dev_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
     Row *rows = PyMem_Malloc(sizeof(Row) * (size_t)(n ? n : 1));
     PyObject **names = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
-    PyObject *later = NULL, *argl = NULL, *extent = NULL, *result = NULL;
+    PyObject **argv = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *)); /* each row's args, owned */
+    PyObject *later = NULL, *extent = NULL, *result = NULL;
     PyObject *last_tl = NULL, *last_pool = NULL; /* owned */
     Py_ssize_t last_tl_dev = -1;
     long long last_id = 0;
     int have_last_id = 0;
     Py_ssize_t nrows = 0;
-    if (!track_of || !dev_of || !rows || !names) { PyErr_NoMemory(); goto done_; }
+    if (!track_of || !dev_of || !rows || !names || !argv) { PyErr_NoMemory(); goto done_; }
     {
         int r = span_tracks(done, track_of, dev_of);
         if (r < 0) goto done_;
         if (r > 0) goto not_mine;
     }
-    if (!(later = PyList_New(0)) || !(argl = PyList_New(0))) goto done_;
+    if (!(later = PyList_New(0))) goto done_;
     if (!(extent = PyObject_GetAttr(store, s_child_extent))) goto done_;
     if (!PyDict_Check(extent)) { PyErr_SetString(PyExc_TypeError, "resolve: child_extent is not a dict"); goto done_; }
     {
@@ -2451,11 +2452,9 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
                 Py_DECREF(d);
                 goto done_;
             }
-            int r = PyList_Append(argl, d);
-            Py_DECREF(d);
-            if (r < 0) goto done_;
-        } else if (PyList_Append(argl, a) < 0) {
-            goto done_;
+            argv[nrows] = d;
+        } else {
+            argv[nrows] = Py_NewRef(a);
         }
         if (dv >= 0 && parent && parent->stack == s->stack) {
             long long pid = id_of(parent, &last_id);
@@ -2542,7 +2541,11 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         if (keep) {
             PyObject *sargs = PyObject_GetAttr(store, s_args_attr);
             if (!sargs) goto done_;
-            PyObject *part = keep == PyList_Size(argl) ? Py_NewRef(argl) : PyList_GetSlice(argl, 0, keep);
+            PyObject *part = PyList_New(keep);
+            for (Py_ssize_t j = 0; part && j < keep; j++) {
+                PyList_SetItem(part, j, argv[j]); /* steals it */
+                argv[j] = NULL;
+            }
             int r = part ? PyList_SetSlice(sargs, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, part) : -1;
             Py_XDECREF(part);
             Py_DECREF(sargs);
@@ -2573,7 +2576,9 @@ done_:
     Py_XDECREF(last_pool);
     timeline_clear(&tlc);
     Py_XDECREF(later);
-    Py_XDECREF(argl);
+    if (argv)
+        for (Py_ssize_t j = 0; j < n; j++) Py_XDECREF(argv[j]);
+    PyMem_Free(argv);
     Py_XDECREF(extent);
     return result;
 }
