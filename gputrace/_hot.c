@@ -924,47 +924,6 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-static int buf_put(Buf *b, const char *src, size_t n) {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->len + n) cap *= 2;
-        char *p = PyMem_Realloc(b->p, cap);
-        if (!p) { PyErr_NoMemory(); return -1; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
-    return 0;
-}
-
-static int buf_bytes(Buf *b, PyObject *o) {
-    char *data;
-    Py_ssize_t n;
-    if (PyBytes_AsStringAndSize(o, &data, &n) < 0) return -1;
-    return buf_put(b, data, (size_t)n);
-}
-
-#define PUT_LIT(b, lit) buf_put((b), (lit), sizeof(lit) - 1)
-
-/* A non-negative integer in decimal (snprintf costs several times more per event). */
-static int put_u(Buf *b, unsigned long long v) {
-    char tmp[24];
-    int i = 24;
-    do {
-        tmp[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return buf_put(b, tmp + i, (size_t)(24 - i));
-}
-
-/* Nanoseconds as microseconds with exactly three decimals: 1234567 -> "1234.567". */
-static int put_us(Buf *b, unsigned long long ns) {
-    char frac[4] = {'.', (char)('0' + ns / 100 % 10), (char)('0' + ns / 10 % 10), (char)('0' + ns % 10)};
-    if (put_u(b, ns / 1000) < 0) return -1;
-    return buf_put(b, frac, 4);
-}
-
 /* Room for `n` more bytes, so the raw_* writers below need no checks. */
 static int buf_reserve(Buf *b, size_t n) {
     if (b->len + n <= b->cap) return 0;
@@ -989,10 +948,11 @@ static const char DIGITS2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
+/* A non-negative integer in decimal, two digits a step (snprintf costs several times more). */
 static void raw_u(Buf *b, unsigned long long v) {
     char tmp[24];
     int i = 24;
-    while (v >= 100) { /* two digits a step */
+    while (v >= 100) {
         unsigned r = (unsigned)(v % 100);
         v /= 100;
         tmp[--i] = DIGITS2[2 * r + 1];
@@ -1007,10 +967,39 @@ static void raw_u(Buf *b, unsigned long long v) {
     raw_put(b, tmp + i, (size_t)(24 - i));
 }
 
+/* Nanoseconds as microseconds with exactly three decimals: 1234567 -> "1234.567". */
 static void raw_us(Buf *b, unsigned long long ns) {
     raw_u(b, ns / 1000);
     char frac[4] = {'.', (char)('0' + ns / 100 % 10), (char)('0' + ns / 10 % 10), (char)('0' + ns % 10)};
     raw_put(b, frac, 4);
+}
+
+/* The checked writers: room first, then the raw ones. */
+static int buf_put(Buf *b, const char *src, size_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    raw_put(b, src, n);
+    return 0;
+}
+
+static int buf_bytes(Buf *b, PyObject *o) {
+    char *data;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(o, &data, &n) < 0) return -1;
+    return buf_put(b, data, (size_t)n);
+}
+
+#define PUT_LIT(b, lit) buf_put((b), (lit), sizeof(lit) - 1)
+
+static int put_u(Buf *b, unsigned long long v) {
+    if (buf_reserve(b, 24) < 0) return -1;
+    raw_u(b, v);
+    return 0;
+}
+
+static int put_us(Buf *b, unsigned long long ns) {
+    if (buf_reserve(b, 28) < 0) return -1;
+    raw_us(b, ns);
+    return 0;
 }
 
 static int item_ll(PyObject *list, Py_ssize_t i, long long *out) {

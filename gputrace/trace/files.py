@@ -100,20 +100,20 @@ def writes_behind(f: BinaryIO, after: int = 1 << 20) -> Iterator[Callable[[bytes
     build, or with no thread to be had, writes happen in place."""
     writer: Any = None
     written = 0
+    start_at = after if _Writer is not None else None  # None: in place to the end
 
     def write(data: bytes) -> None:
-        nonlocal writer, written
-        if writer is None and _Writer is not None and 0 <= written and written >= after:
+        nonlocal writer, written, start_at
+        if writer is None and start_at is not None and written >= start_at:
             f.flush()  # the thread writes at the descriptor's offset from here to the block's end
             try:
                 writer = _Writer(f.fileno())
-            except OSError:  # no thread to be had: in place
-                written = -1
+            except OSError:  # no thread to be had
+                start_at = None
         if writer is not None:
             writer.write(data if type(data) is bytes else bytes(data))
             return
-        if written >= 0:
-            written += len(data)
+        written += len(data)
         f.write(data)
 
     try:
