@@ -1,0 +1,168 @@
+"""The trace formats gputrace reads and writes, in one registry.
+
+Takes: each format's declaration (`Format`: its name and the other names users may give it, its
+file extensions, how its files are recognised by their first bytes, and the module that reads and
+writes it). Gives: the format for a name, for a path to write, or for a file to read, and the file
+names a folder of ranks holds. Every stage that reads or writes traces asks here; none tests a
+format by name, so adding a format is one module plus one `register` call.
+
+A format's module provides:
+
+- ``read(path, data=None) -> Trace`` (raises `TraceFormatError` with the reason);
+- ``read_header(path) -> dict`` (baseTimeNanoseconds, distributedInfo, metadata, without events);
+- ``write(trace, path, base_ns=None, ordered=False, meanwhile=None)``, atomic;
+- ``StreamWriter(path, base_ns, process, header)`` with ``append(trace, rows, counters=(),
+  update=None)``, ``finish(header=None)`` and ``abandon()``: one rank's file, flush by flush.
+
+The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from gputrace.errors import GputraceError, TraceFormatError
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Format:
+    name: str
+    #: Extensions of its files; the first is the one a rank's file gets.
+    extensions: tuple[str, ...]
+    #: True when a file's first bytes (up to 64) are this format's.
+    recognise: Callable[[bytes], bool]
+    #: The module that reads and writes it (imported on first use).
+    module: str
+    #: Other names users may give it (``format="chrome"``).
+    aliases: tuple[str, ...] = ()
+    _impl: list[ModuleType] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def impl(self) -> ModuleType:
+        if not self._impl:
+            self._impl.append(importlib.import_module(self.module))
+        return self._impl[0]
+
+    @property
+    def extension(self) -> str:
+        return self.extensions[0]
+
+    def read(self, path: str, data: bytes | None = None) -> Any:
+        return self.impl.read(path, data)
+
+    def read_header(self, path: str) -> dict[str, Any]:
+        header: dict[str, Any] = self.impl.read_header(path)
+        return header
+
+    def write(self, trace: Any, path: str, **options: Any) -> None:
+        self.impl.write(trace, path, **options)
+
+    def stream_writer(self, path: str, base_ns: int, process: Any, header: dict[str, Any]) -> Any:
+        return self.impl.StreamWriter(path, base_ns, process, header)
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+_FORMATS: dict[str, Format] = {}
+DEFAULT = "json"
+
+
+def register(fmt: Format) -> Format:
+    """Add `fmt` (replacing a format of the same name); the order of registration is the order in
+    which `detect` asks formats to recognise a file."""
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def unregister(name: str) -> None:
+    if name == DEFAULT:
+        raise GputraceError(f"the {DEFAULT} format cannot be removed")
+    _FORMATS.pop(name, None)
+
+
+def formats() -> list[Format]:
+    return list(_FORMATS.values())
+
+
+def names() -> list[str]:
+    return list(_FORMATS)
+
+
+def get(name: str) -> Format:
+    """The format called `name` (or one of its aliases)."""
+    key = name.lower()
+    for fmt in _FORMATS.values():
+        if key == fmt.name or key in fmt.aliases:
+            return fmt
+    raise GputraceError(f"unknown trace format {name!r}: use {' or '.join(_FORMATS)}")
+
+
+def by_extension(path: str) -> Format | None:
+    lower = os.fspath(path).lower()
+    for fmt in _FORMATS.values():
+        if lower.endswith(fmt.extensions):
+            return fmt
+    return None
+
+
+def for_path(path: str, name: str | None = None) -> Format:
+    """The format to write `path` in: the one named, else by extension, else JSON."""
+    if name is not None:
+        return get(name)
+    return by_extension(path) or _FORMATS[DEFAULT]
+
+
+def detect(path: str, head: bytes | None = None) -> Format:
+    """The format of an existing file, by its first bytes, else by its extension, else JSON
+    (whose reader then says what is wrong with the file)."""
+    if head is None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(64)
+        except OSError:
+            head = b""
+    for fmt in _FORMATS.values():
+        if head and fmt.recognise(head):
+            return fmt
+    return by_extension(path) or _FORMATS[DEFAULT]
+
+
+def read(path: str, data: bytes | None = None) -> Any:
+    """One trace file of any registered format, as a `Trace`."""
+    fmt = detect(path, data[:64] if data is not None else None)
+    try:
+        impl = fmt.impl
+    except ImportError as e:
+        raise TraceFormatError(path, f"a {fmt.name} trace, which this installation cannot read ({e})") from None
+    return impl.read(path, data)
+
+
+def rank_file_globs() -> tuple[str, ...]:
+    """The names of ranks' trace files in a folder, one pattern per format."""
+    return tuple(f"trace_rank*{fmt.extension}" for fmt in _FORMATS.values())
+
+
+def _is_json(head: bytes) -> bool:
+    return head.lstrip()[:1] in (b"{", b"[")
+
+
+def _is_protobuf(head: bytes) -> bool:
+    return head[:1] == b"\x0a"  # field 1 of a Trace (a TracePacket), length-delimited
+
+
+register(Format("json", (".json",), _is_json, "gputrace.trace.chrome", aliases=("chrome",)))
+register(
+    Format(
+        "perfetto",
+        (".pftrace", ".perfetto-trace", ".pb", ".proto"),
+        _is_protobuf,
+        "gputrace.trace.perfetto",
+        aliases=("pftrace", "protobuf"),
+    )
+)
