@@ -31,11 +31,13 @@ from typing import Any
 from gputrace import digest, record
 from gputrace.clock import HostClock
 from gputrace.config import Config
-from gputrace.dist import ClockSync, rank_info
+from gputrace.dist import ClockSync, gloo_group, rank_info
+from gputrace.dist import gather_digests as _gather_digests
 from gputrace.dist import sync_clocks as _sync_clocks
 from gputrace.errors import ConfigError, GputraceError, GputraceWarning
 from gputrace.record import Recorder
 from gputrace.resolve import SpanStore
+from gputrace.state import State
 from gputrace.trace import chrome
 from gputrace.trace.files import format_for_path
 from gputrace.trace.model import CounterColumns, Process, SpanColumns, Trace, Track
@@ -50,7 +52,11 @@ _BASE_MARGIN_NS = 1_000_000
 class Session:
     """Everything process-wide: the config, the recorder, the clocks and syncs, the output."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: State | None = None) -> None:
+        # The process-wide state the modules below read (recorders, warnings given, the last
+        # digest, gloo groups, timers): this session owns it and installs it there.
+        self.state = state if state is not None else State()
+        record.install_state(self.state)
         self.lock = threading.RLock()
         self.config = Config()
         self.clock: HostClock | None = None
@@ -71,11 +77,11 @@ class Session:
 
     @property
     def recorder(self) -> Recorder | None:
-        return record.ACTIVE
+        return self.state.active  # type: ignore[no-any-return]
 
     def enable(self, **options: Any) -> None:
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             # Again while a recorder exists: the options given change, the others stay.
             config = (self.config if rec is not None else Config.from_env()).replace(**options)
             if rec is not None:
@@ -91,7 +97,7 @@ class Session:
         """Recording on from the environment, at import. Building the recorder imports torch,
         which `import gputrace` and the CLI must not, so the first span builds it."""
         self.config = Config.from_env()
-        record.LAZY = self._build
+        self.state.lazy = self._build
         self._register_atexit()
 
     def _reconfigure(self, rec: Recorder, new: Config) -> None:
@@ -110,11 +116,11 @@ class Session:
 
     def disable(self) -> None:
         """Stop recording new spans. Open spans still close; what was recorded can still be saved."""
-        record.LAZY = None
-        record.set_recorder(None, record.ACTIVE)
+        self.state.lazy = None
+        record.set_recorder(None, self.recorder)
 
     def is_enabled(self) -> bool:
-        return record.RECORDER is not None or record.LAZY is not None
+        return self.state.recorder is not None or self.state.lazy is not None
 
     def host_clock(self) -> HostClock:
         if self.clock is None:
@@ -122,13 +128,13 @@ class Session:
         return self.clock
 
     def set_host_clock(self, clock: HostClock) -> None:
-        if record.ACTIVE is not None:
+        if self.recorder is not None:
             raise GputraceError("set_host_clock() must be called before enable()")
         self.clock = clock
 
     def _build(self) -> Recorder:
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             if rec is None:
                 device = None
                 if self.config.cuda and _cuda_available():
@@ -140,7 +146,7 @@ class Session:
                 self.started_ns = self.host_clock().now()
                 if self.run_id is None:
                     self.run_id = _run_id_from_env(self.config)
-            record.LAZY = None
+            self.state.lazy = None
             record.set_recorder(rec, rec)
             return rec
 
@@ -157,7 +163,7 @@ class Session:
     def flush(self, wait: bool = False) -> int:
         """Resolve what the GPU has finished (all of it with `wait`), sample memory, and with an
         output directory append it all to the rank's file. Returns the spans resolved."""
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             return 0
         with self.lock:
@@ -349,7 +355,7 @@ class Session:
     def _finish_stream(self) -> str | None:
         """Append the open spans (marked unfinished) and write the final header."""
         stream = self.stream
-        rec = record.ACTIVE
+        rec = self.recorder
         if stream is None or stream.closed or rec is None:
             return stream.path if stream is not None else None
         snapshot = rec.resolve_open()
@@ -369,7 +375,7 @@ class Session:
         target = os.fspath(path) if path is not None else self.config.out_dir
         if not target:
             raise GputraceError("save() needs a path, or the out_dir option (GPUTRACE_OUT_DIR)")
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
         fmt = format_for_path(target, format) if (format or not os.path.isdir(target)) else None
@@ -425,7 +431,7 @@ class Session:
         """Discard everything recorded so far and start a fresh trace (spans open now stay open
         and close into it). With an output directory, the rank's file starts again."""
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             if rec is not None:
                 rec.discard()
             if self.stream is not None:
@@ -440,12 +446,27 @@ class Session:
     # ---- clocks across ranks -----------------------------------------------------------------
 
     def sync_clocks(self, group: Any = None, exchanges: int = 16) -> ClockSync | None:
-        result = _sync_clocks(self.host_clock(), group, exchanges)
+        result = _sync_clocks(
+            self.host_clock(), group, exchanges, recorder=self._recorder_now, gloo_groups=self.state.gloo_groups
+        )
         if result is not None:
             self.syncs.append(result)
             if self.run_id is None:
-                self.run_id = _shared_run_id(group)
+                self.run_id = _shared_run_id(group, self.state.gloo_groups)
         return result
+
+    def _recorder_now(self) -> Recorder | None:
+        """The recorder, built now if recording is on from the environment and no span has built
+        it yet (the clock sync's device refinement needs it)."""
+        rec = self.recorder
+        if rec is None and self.state.lazy is not None:
+            rec = self.state.lazy()
+        return rec
+
+    def gather_digests(self, out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
+        """See `gather_digests`."""
+        return _gather_digests(self.state.last_digest, out_dir or self.config.out_dir, group, dst,
+                              gloo_groups=self.state.gloo_groups)  # fmt: skip
 
     # ---- exit and signals --------------------------------------------------------------------
 
@@ -460,7 +481,9 @@ class Session:
             except (ValueError, OSError, TypeError):
                 pass
         registered = self._atexit
-        self.__init__()  # type: ignore[misc]
+        state = self.state
+        state.clear()
+        self.__init__(state)  # type: ignore[misc]
         self._atexit = registered
 
     def _register_atexit(self) -> None:
@@ -469,7 +492,7 @@ class Session:
             self._atexit = True
 
     def _at_exit(self) -> None:
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             return
         try:
@@ -641,14 +664,12 @@ def _run_id_from_env(config: Config) -> str | None:
     return None
 
 
-def _shared_run_id(group: Any) -> str | None:
+def _shared_run_id(group: Any, gloo_groups: dict[int, object]) -> str | None:
     """Rank 0's id, given to every rank (a collective, called from sync_clocks)."""
     import torch
     import torch.distributed as dist
 
-    from gputrace import dist as gdist
-
-    g = gdist._gloo_group(dist, group)  # through gloo, whatever the default is
+    g = gloo_group(dist, group, gloo_groups)  # through gloo, whatever the default is
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
     # 128 bits as two int64 (object collectives would need numpy, which torch does not require).
     mine = uuid.uuid4().int
@@ -722,9 +743,17 @@ def sync_clocks(group: Any = None, exchanges: int = 16) -> ClockSync | None:
     return SESSION.sync_clocks(group, exchanges)
 
 
+def gather_digests(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
+    """Collective (every rank of `group` calls it, after `gputrace.save()`): each rank's digest
+    goes to rank `dst`, which writes them all into `out_dir` (default: its output directory) as
+    `digest_rank{R}.digest`, so that `gputrace summary` there reads every rank without their
+    traces. Returns the paths written (on `dst`; an empty list elsewhere)."""
+    return SESSION.gather_digests(out_dir, group, dst)
+
+
 def trace() -> Trace:
     """Everything recorded so far, not yet streamed, as a `Trace` (waits for the GPU)."""
-    rec = record.ACTIVE
+    rec = SESSION.recorder
     if rec is None:
         raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
     with SESSION.lock:

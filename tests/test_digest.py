@@ -532,7 +532,7 @@ def worker(out: str, shift_ns: int) -> None:
         gputrace.flush()
     gputrace.sync_clocks(exchanges=8)
     gputrace.save()
-    written = digest.gather(out_dir=os.path.join(out, "rank0"))
+    written = session.gather_digests(out_dir=os.path.join(out, "rank0"))
     print(orjson.dumps({"rank": rank, "gathered": written}).decode(), flush=True)
     dist.destroy_process_group()
 
