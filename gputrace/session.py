@@ -28,15 +28,17 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gputrace import digest, record
+from gputrace import record
 from gputrace.clock import HostClock
 from gputrace.config import Config
+from gputrace.digest import StreamDigest, TraceDigest
 from gputrace.dist import ClockSync, gloo_group, rank_info
 from gputrace.dist import gather_digests as _gather_digests
 from gputrace.dist import sync_clocks as _sync_clocks
 from gputrace.errors import ConfigError, GputraceError, GputraceWarning
 from gputrace.record import Recorder
 from gputrace.resolve import SpanStore
+from gputrace.sinks import Sink, StreamSink
 from gputrace.state import State
 from gputrace.trace import chrome
 from gputrace.trace.files import format_for_path
@@ -67,6 +69,7 @@ class Session:
         self.counters = CounterColumns()
         self._skeleton: Any = None  # a stream chunk's process and tracks, while they last
         self.stream: Any = None  # a chrome or perfetto StreamWriter while streaming
+        self.sinks: list[Sink] = []  # what each flush feeds while streaming: the stream, its digest
         self.saved = False
         self._atexit = False
         self._previous: dict[int, Any] = {}  # signal -> the handler before ours
@@ -110,6 +113,7 @@ class Session:
             # The file being streamed is finished where it is; the next flush starts the new one.
             self._finish_stream()
             self.stream = None
+            self.sinks = []
         rec.config = new
         rec.store.capacity = new.max_spans
         rec._check_at = len(rec.pending) + new.max_pending
@@ -312,6 +316,9 @@ class Session:
             self.stream = writer(path, base, process, header)
         except OSError as e:
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+        # The sinks every flush feeds, in this order: the digest is written once its trace is.
+        step = self.config.step_name
+        self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
         self._install_signal_handlers()
         return self.stream
 
@@ -333,8 +340,8 @@ class Session:
         update = None
         if self._header_changed(stream):
             update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
-        stream.append(trace, range(len(store)), range(len(trace.counters)), update)
-        digest.feed(stream, trace, self.config.step_name)
+        for sink in self.sinks:
+            sink.add(trace, update)
         stream.counts = (store.dropped, rec.skipped_in_capture)
         store.clear()
         self.counters = CounterColumns()
@@ -361,14 +368,18 @@ class Session:
         snapshot = rec.resolve_open()
         trace = self.rank_trace(rec, snapshot, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
-        stream.append(trace, range(len(snapshot)), ())
-        digest.feed(stream, trace, self.config.step_name)
+        trace.counters = CounterColumns()  # the last flush's chunk carried them
+        for sink in self.sinks:
+            sink.add(trace)
         header = self._header(rec, rec.store, len(snapshot))
         header["metadata"]["spans"] = stream.spans_written
         header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
-        stream.finish(header)
-        digest.write_for_stream(stream, header)
+        for sink in self.sinks:
+            sink.finish(header)
         return str(stream.path)
+
+    def _digest_written(self, path: str) -> None:
+        self.state.last_digest = path
 
     def save(self, path: str | os.PathLike[str] | None = None, format: str | None = None) -> str:
         """Write the trace; see `gputrace.save`."""
@@ -397,15 +408,21 @@ class Session:
                 ext = ".pftrace" if (format and format_for_path("x", format) == "perfetto") else ".json"
                 target = os.path.join(target, f"trace_rank{rank}{ext}")
             trace = self.snapshot(rec)
-            step = self.config.step_name
-            made: list[Any] = []  # the digest, made while the trace reaches the disk
-            write_trace(
-                trace,
-                target,
-                fmt or format_for_path(target),
-                lambda: made.append(digest.prepare_for_trace(trace, target, step)),
-            )
-            digest.write_for_trace(trace, target, step, made[0] if made else None)
+            # The sinks of a trace saved whole: fed it while it reaches the disk, finished once
+            # it is there.
+            sinks: list[Sink] = [TraceDigest(target, self.config.step_name, self._digest_written)]
+            fed: list[bool] = []
+
+            def feed() -> None:
+                fed.append(True)
+                for sink in sinks:
+                    sink.add(trace)
+
+            write_trace(trace, target, fmt or format_for_path(target), feed)
+            if not fed:
+                feed()
+            for sink in sinks:
+                sink.finish({"metadata": trace.metadata})
             self.saved = True
             return target
 
@@ -434,9 +451,10 @@ class Session:
             rec = self.recorder
             if rec is not None:
                 rec.discard()
-            if self.stream is not None:
-                self.stream.abandon()
-                self.stream = None
+            for sink in self.sinks:
+                sink.abandon()
+            self.stream = None
+            self.sinks = []
             self.counter_names = []
             self.counters = CounterColumns()
             self.saved = False
@@ -472,9 +490,10 @@ class Session:
 
     def close(self) -> None:
         """Back to a fresh session: the stream left as it is on disk, signal handlers handed
-        back, recording off (what a test between two tests needs)."""
-        if self.stream is not None:
-            self.stream.abandon()
+        back, recording off, the process-wide state cleared (what a test between two tests
+        needs)."""
+        for sink in self.sinks:
+            sink.abandon()
         for sig, previous in self._previous.items():
             try:
                 signal.signal(sig, previous)

@@ -37,8 +37,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 @pytest.fixture(autouse=True)
 def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every trace a test writes (saved or merged) must pass `gputrace validate`."""
-    from gputrace.digest import is_digest_path
     from gputrace.trace import files
+    from gputrace.trace.digestfile import is_digest_path
     from gputrace.validate import format_report, validate_file
 
     real = files.publish
