@@ -474,7 +474,33 @@ def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = N
 # whose digest failed writes none (the summary then reads its trace).
 
 
-class StreamDigest:
+class _DigestSink:
+    """What the two digest sinks share: the trace they are the digest of, the step name, and
+    where the digest went (`written`, and `on_written` told of it)."""
+
+    def __init__(self, trace_path: str, step_name: str, on_written: Callable[[str], object] | None) -> None:
+        self.trace_path = trace_path
+        self.step_name = step_name
+        self.on_written = on_written
+        self.written: str | None = None
+
+    def _write(self, make: Callable[[], dict[str, Any]]) -> None:
+        """Write the document `make` gives beside the trace; a failure removes any old digest
+        there and becomes a warning."""
+        path = digest_path(self.trace_path)
+        self.written = None
+        try:
+            digestfile.write(make(), path)
+        except Exception as e:  # noqa: BLE001
+            _remove(path)
+            warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=3)
+            return
+        self.written = path
+        if self.on_written is not None:
+            self.on_written(path)
+
+
+class StreamDigest(_DigestSink):
     """The digest of a streamed trace, as a sink (`gputrace.sinks.Sink`): fed each chunk the
     stream is (`add`), written beside the stream's file `trace_path` when it is finished
     (`finish`, with the stream's final header; building goes on after, for a stream resumed).
@@ -489,24 +515,21 @@ class StreamDigest:
         label: str,
         on_written: Callable[[str], object] | None = None,
     ) -> None:
-        self.trace_path = trace_path
-        self.step_name = step_name
+        super().__init__(trace_path, step_name, on_written)
         self.base_ns = base_ns
         self.label = label
-        self.on_written = on_written
         # None until the first chunk; False once building failed (then no digest is written).
         self.builder: Builder | None | bool = None
-        self.written: str | None = None
 
     def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
         """Take in a chunk just appended to the stream (`update`, the stream's header update, is
         not the digest's)."""
         if self.builder is None:
             self.builder = Builder(self.step_name)
-        if self.builder is False:
+        if not isinstance(self.builder, Builder):
             return
         try:
-            self.builder.add(chunk)  # type: ignore[union-attr]
+            self.builder.add(chunk)
         except Exception as e:  # noqa: BLE001 - see above
             self.builder = False
             warnings.warn(f"gputrace could not keep the step digest: {e}", GputraceWarning, stacklevel=2)
@@ -514,43 +537,34 @@ class StreamDigest:
     def finish(self, header: dict[str, Any]) -> None:
         """Write the digest beside the finished stream (the rank and world size from `header`
         where its metadata lacks them)."""
-        path = digest_path(self.trace_path)
-        self.written = None
         b = self.builder
-        if not isinstance(b, Builder):
-            if b is False:
-                _remove(path)
-                return
-            b = Builder()  # nothing was appended: an empty digest still says the rank ran
-        try:
+        if b is False:
+            self.written = None
+            _remove(digest_path(self.trace_path))
+            return
+        built = b if isinstance(b, Builder) else Builder()  # nothing appended: an empty digest still says the rank ran
+
+        def document() -> dict[str, Any]:
             meta = dict(header.get("metadata") or {})
             info = header.get("distributedInfo") or {}
             meta.setdefault("rank", info.get("rank"))
             meta.setdefault("world_size", info.get("world_size"))
-            digestfile.write(b.document(meta, self.base_ns, self.label, self.trace_path), path)
-        except Exception as e:  # noqa: BLE001
-            _remove(path)
-            warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=2)
-            return
-        self._written(path)
+            return built.document(meta, self.base_ns, self.label, self.trace_path)
+
+        self._write(document)
 
     def abandon(self) -> None:
         """The stream was dropped: no digest of it will be written."""
         self.builder = None
 
-    def _written(self, path: str) -> None:
-        self.written = path
-        if self.on_written is not None:
-            self.on_written(path)
 
-
-class TraceDigest(StreamDigest):
+class TraceDigest(_DigestSink):
     """The digest of a trace saved whole to `trace_path`, as a sink: `add` the whole trace
     (while it reaches the disk: the digest is made meanwhile), `finish` once the trace file is
-    in place (its size is then known). The header is the trace's own metadata (unused)."""
+    in place (its size is then known; the header, the trace's own metadata, is not needed)."""
 
     def __init__(self, trace_path: str, step_name: str, on_written: Callable[[str], object] | None = None) -> None:
-        super().__init__(trace_path, step_name, 0, "", on_written)
+        super().__init__(trace_path, step_name, on_written)
         self.prepared: dict[str, Any] | Exception | None = None
 
     def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
@@ -560,21 +574,17 @@ class TraceDigest(StreamDigest):
             self.prepared = e
 
     def finish(self, header: dict[str, Any]) -> None:
-        path = digest_path(self.trace_path)
-        self.written = None
-        try:
-            if self.prepared is None:
+        prepared = self.prepared
+
+        def document() -> dict[str, Any]:
+            if prepared is None:
                 raise GputraceError("no trace was given to the digest")
-            if isinstance(self.prepared, Exception):
-                raise self.prepared
-            doc = self.prepared
-            doc["trace_bytes"] = os.path.getsize(self.trace_path)  # the trace as it now lies there
-            digestfile.write(doc, path)
-        except Exception as e:  # noqa: BLE001
-            _remove(path)
-            warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=2)
-            return
-        self._written(path)
+            if isinstance(prepared, Exception):
+                raise prepared
+            prepared["trace_bytes"] = os.path.getsize(self.trace_path)  # the trace as it now lies there
+            return prepared
+
+        self._write(document)
 
     def abandon(self) -> None:
         self.prepared = None
