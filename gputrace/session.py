@@ -12,6 +12,13 @@ loads; SIGTERM and SIGINT append what is resolved, finish the file where the pro
 otherwise die, and hand the signal on to the handler that was there before; the interpreter's
 exit finishes the file. Resolved spans then leave memory at each flush: memory stays flat over
 any number of steps.
+
+The session owns the process-wide state (`gputrace.state.State`: the recorders, the misuse
+warnings given, the gloo groups, the last digest written, the timers) and installs it in the
+modules below (`record.install_state`), which never import this one; `dist` is handed what it
+needs. What is written goes to sinks (`gputrace.sinks.Sink`), fed alike: while streaming, the
+format's stream writer and the step digest (`digest.StreamDigest`); a trace saved whole feeds its
+digest (`digest.TraceDigest`) while it reaches the disk.
 """
 
 from __future__ import annotations
@@ -418,7 +425,12 @@ class Session:
                 for sink in sinks:
                     sink.add(trace)
 
-            write_trace(trace, target, fmt or format_for_path(target), feed)
+            write_trace(
+                trace,
+                target,
+                fmt or format_for_path(target),
+                feed,
+            )
             if not fed:
                 feed()
             for sink in sinks:
