@@ -31,7 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from gputrace import digest, stats  # noqa: E402
-from gputrace.trace import chrome  # noqa: E402
+from gputrace import summary as summaries  # noqa: E402
+from gputrace.trace import chrome, digestfile  # noqa: E402
 from gputrace.trace.model import Process, Trace, Track  # noqa: E402
 from gputrace.version import __version__  # noqa: E402
 
@@ -82,7 +83,7 @@ def write_rank(directory: str, rank: int, ranks: int, steps: int, ops: int = 0) 
     trace = rank_trace(rank, ranks, steps, ops)
     path = os.path.join(directory, f"trace_rank{rank}.json")
     chrome.write(trace, path)
-    digest.write(digest.from_trace(trace, "step", path), digest.digest_path(path))
+    digestfile.write(digest.from_trace(trace, "step", path), digestfile.digest_path(path))
     return path
 
 
@@ -220,16 +221,16 @@ def recording_cost(steps: int = 2_000, ops: int = 8) -> tuple[float, float, floa
             record.set_recorder(None, None)
         return c1 - c0, c2 - c1
 
-    feed = digest.feed
+    feed = digest.StreamDigest.add
     with_digest, without = [], []
     try:
         for _ in range(3):  # the least of three, alternating: the machine may be shared
-            digest.feed = feed
+            digest.StreamDigest.add = feed  # type: ignore[method-assign]
             with_digest.append(run())
-            digest.feed = lambda *a: None  # type: ignore[assignment]
+            digest.StreamDigest.add = lambda *a: None  # type: ignore[method-assign]
             without.append(run())
     finally:
-        digest.feed = feed
+        digest.StreamDigest.add = feed  # type: ignore[method-assign]
     return (
         min(r for r, _ in with_digest),
         min(r for r, _ in without),
@@ -255,7 +256,7 @@ def main() -> None:
     paths = make_files(directory, ns.ranks, ns.steps, ns.ops)
     made = time.perf_counter() - t0
     size = sum(os.path.getsize(p) for p in paths) / 1e6
-    dsize = sum(os.path.getsize(digest.digest_path(p)) for p in paths) / 1e6
+    dsize = sum(os.path.getsize(digestfile.digest_path(p)) for p in paths) / 1e6
     spans = ns.ranks * ns.steps * (4 + ns.ops)
     print(
         f"{ns.ranks} ranks x {ns.steps:,} steps = {spans:,} spans, {size:,.0f} MB of traces and {dsize:,.1f} MB of "
@@ -294,10 +295,10 @@ def main() -> None:
         add(name, command(["summary", *paths], name))
         name = "gputrace summary --json, from digests (command)"
         add(name, command(["summary", "--json", *paths], name))
-        inputs = digest.find(paths)
-        wall, cpu, digests = timed(digest.collect, inputs, "step")
+        inputs = summaries.find(paths)
+        wall, cpu, digests = timed(summaries.collect, inputs, "step")
         add("digest.collect: read digests (in process)", (wall, cpu))
-        wall, cpu, (_, from_digests) = timed(digest.summarize, digests, "step")
+        wall, cpu, (_, from_digests) = timed(summaries.summarize, digests, "step")
         add("digest.summarize: align + summarize (in process)", (wall, cpu))
         assert from_digests.steps == summary.steps and from_digests.collectives == summary.collectives
         del digests, summary, from_digests

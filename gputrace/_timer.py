@@ -31,7 +31,7 @@ class Logger(Protocol):
 def _hint_if_never_recorded() -> None:
     """Timers used while recording was never on measure nothing; say so once, as values are
     read or logged (a warning: the library never prints)."""
-    if record.ACTIVE is None and record.LAZY is None:
+    if record.STATE.active is None and record.STATE.lazy is None:
         warn_once(
             "timers-never-recorded",
             "gputrace timers are read but recording was never turned on, so they measured nothing: "
@@ -144,7 +144,9 @@ class Timers:
     """`gputrace.timer`: one `TimerRecord` per name."""
 
     def __init__(self) -> None:
-        self._timers: dict[str, TimerRecord] = {}
+        # The registry is the session's state's (`State.timers`, cleared with it), held here
+        # directly: a timer call looks its name up without another attribute read.
+        self._timers: dict[str, TimerRecord] = session.SESSION.state.timers
 
     @overload
     def __call__(

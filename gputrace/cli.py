@@ -117,10 +117,11 @@ def _summary_text(
 ) -> str:
     import orjson
 
-    from gputrace import digest, stats
+    from gputrace import stats
     from gputrace.merge import parse_ranks, parse_steps
+    from gputrace.summary import summary_of_files
 
-    result = digest.summary_of_files(
+    result = summary_of_files(
         paths,
         step,
         skip_steps,

@@ -1,9 +1,11 @@
 """Per-rank step digests: what the step and collective analysis needs, computed on the rank.
 
 Takes: a rank's spans as it resolves them (each flushed chunk, a `Trace` of one process), or a
-whole trace file. Gives: the rank's digest, written atomically beside its trace as
-`digest_rank{R}.digest`; and, from many digests, the `Summary` that `gputrace summary` prints,
-without reading the traces.
+whole trace. Gives: the rank's digest (`Builder`, `from_trace`), and the two sinks the session
+feeds (`gputrace.sinks.Sink`): `StreamDigest`, fed chunk by chunk beside a streamed trace, and
+`TraceDigest`, fed a trace saved whole; each writes the digest beside its trace as
+`digest_rank{R}.digest` (the file format: `gputrace.trace.digestfile`). The summary from many
+digests, without reading the traces, is `gputrace.summary`'s.
 
 Why: at thousands of ranks the traces hold billions of spans, and no one machine should read
 them all to say which rank was slow. The straggler and collective analysis needs only each
@@ -32,30 +34,23 @@ What a digest holds (columnar JSON: arrays of ints parse fast):
 
 from __future__ import annotations
 
-import dataclasses
-import glob
 import math
 import os
-import re
 import warnings
-import zlib
 from array import array
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat
+from collections.abc import Callable, Sequence
+from itertools import compress, repeat
 from operator import sub
 from typing import Any
 
-import orjson
-
 from gputrace import stats
-from gputrace.errors import GputraceError, GputraceWarning, TraceFormatError
-from gputrace.trace import chrome
-from gputrace.trace.files import TRACE_GLOBS, atomic_writer
-from gputrace.trace.model import Process, SpanColumns, Trace, Track
+from gputrace.errors import GputraceError, GputraceWarning
+from gputrace.trace import digestfile
+from gputrace.trace.digestfile import COLL, COLL_TRUE, FORMAT, UNFINISHED, digest_path
+from gputrace.trace.model import Trace, Track
 
-FORMAT = "gputrace-digest/1"
 #: Name statistics leave out the warm-up exactly for `skip_steps` up to this many steps.
 WARMUP_STEPS = 16
 _NB = WARMUP_STEPS + 2  # warm-up buckets: before step 0, in steps 0..WARMUP_STEPS-1, the rest
@@ -71,33 +66,14 @@ BUFFER_SPANS = 1 << 18
 #: Chunks wait to be worked through until this many spans have come.
 BATCH_SPANS = 1 << 14
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
-#: some ranks wrote none (theirs are computed from their traces, one rank at a time).
-DIGEST_MIN_RANKS = 65
-
-_COLL = 1  # flags: the span has a `collective` argument
-_COLL_TRUE = 2  # ... and it is true
-_UNFINISHED = 4  # the span was open when the trace was written
-_DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.digest$|\.digest$")
-_TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
 #: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
 #: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.
 _BOUND = [math.ceil(2 ** (b / HIST_PER_OCTAVE)) for b in range(62 * HIST_PER_OCTAVE + 1)]  # to 2^62 ns
 
 
-def digest_path(trace_path: str) -> str:
-    """Where the digest of `trace_path` lies: `trace_rank3.json` -> `digest_rank3.digest` beside
-    it (a name that the `trace_rank*.json` globs of merge and summary do not pick up, nor tools
-    that take every `*.json` of a directory for a trace, as HTA does), any other `x.json` ->
-    `x.digest`."""
-    directory, base = os.path.split(trace_path)
-    m = _TRACE_NAME.match(base)
-    if m:
-        return os.path.join(directory, f"digest_rank{m.group(1)}.digest")
-    return os.path.join(directory, os.path.splitext(base)[0] + ".digest")
-
-
-def is_digest_path(path: str) -> bool:
-    return _DIGEST_NAME.search(os.path.basename(path)) is not None
+def hist_middle(b: int) -> int:
+    """The geometric middle of histogram bucket `b` (a duration it stands for)."""
+    return 0 if b < 0 else round(math.sqrt(_BOUND[b] * (_BOUND[b + 1] - 1)))
 
 
 # ---- building, on the rank ---------------------------------------------------------------------
@@ -212,9 +188,9 @@ class Builder:
             f = 0
             c = a.get("collective")
             if c is not None:
-                f = _COLL | (_COLL_TRUE if c else 0)
+                f = COLL | (COLL_TRUE if c else 0)
             if a.get("unfinished"):
-                f |= _UNFINISHED
+                f |= UNFINISHED
                 self.unfinished += 1
                 if skip is None:
                     skip = bytearray(n)
@@ -228,7 +204,7 @@ class Builder:
         row_name = self._row_name
         rows, negative, foreign = _rows(names, tracks, start, end, bytes(row_name))
         self.negative += negative
-        marked = [i for i, f in flags.items() if f & _COLL_TRUE and not row_name[names[i]]]
+        marked = [i for i, f in flags.items() if f & COLL_TRUE and not row_name[names[i]]]
         if marked:
             rows = sorted(rows + marked)
         if rows:
@@ -493,90 +469,134 @@ def from_trace(trace: Trace, step_name: str = "step", trace_path: str | None = N
     return b.document(meta, base, own[0].label, trace_path)
 
 
-def write(doc: dict[str, Any], path: str) -> None:
-    # Not fsynced: a digest lost with the machine is made again from its trace by the summary.
-    with atomic_writer(path, durable=False) as f:
-        f.write(chrome.dumps(doc))  # names JSON cannot hold are cleaned as the trace writer cleans them
-
-
-# ---- the recorder's hooks -------------------------------------------------------------------------
+# ---- the sinks ----------------------------------------------------------------------------------
 # A digest must never cost the user a flush or a trace: failures become one warning, and a rank
 # whose digest failed writes none (the summary then reads its trace).
 
 
-def feed(stream: Any, trace: Trace, step_name: str) -> None:
-    """Take in a chunk just appended to `stream` (the builder lives on the stream: a new file, a
-    new digest)."""
-    b = getattr(stream, "digest", None)
-    if b is None:
-        b = stream.digest = Builder(step_name)
-    if b is False:
-        return
-    try:
-        b.add(trace)
-    except Exception as e:  # noqa: BLE001 - see above
-        stream.digest = False
-        warnings.warn(f"gputrace could not keep the step digest: {e}", GputraceWarning, stacklevel=2)
+class _DigestSink:
+    """What the two digest sinks share: the trace they are the digest of, the step name, and
+    where the digest went (`written`, and `on_written` told of it)."""
 
+    def __init__(self, trace_path: str, step_name: str, on_written: Callable[[str], object] | None) -> None:
+        self.trace_path = trace_path
+        self.step_name = step_name
+        self.on_written = on_written
+        self.written: str | None = None
 
-def write_for_stream(stream: Any, header: dict[str, Any]) -> str | None:
-    """Write the digest of the finished `stream` beside its file; the digest's path, or None."""
-    path = digest_path(stream.path)
-    b = getattr(stream, "digest", None)
-    if not isinstance(b, Builder):
-        b = Builder()  # nothing was appended: an empty digest still says the rank ran
-        if getattr(stream, "digest", None) is False:
+    def _write(self, make: Callable[[], dict[str, Any]]) -> None:
+        """Write the document `make` gives beside the trace; a failure removes any old digest
+        there and becomes a warning."""
+        path = digest_path(self.trace_path)
+        self.written = None
+        try:
+            digestfile.write(make(), path)
+        except Exception as e:  # noqa: BLE001
             _remove(path)
-            return None
-    try:
-        meta = dict(header.get("metadata") or {})
-        info = header.get("distributedInfo") or {}
-        meta.setdefault("rank", info.get("rank"))
-        meta.setdefault("world_size", info.get("world_size"))
-        write(b.document(meta, stream.base_ns, stream.process.label, stream.path), path)
-        return _written(path)
-    except Exception as e:  # noqa: BLE001
-        _remove(path)
-        warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=2)
-        return None
+            warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=3)
+            return
+        self.written = path
+        if self.on_written is not None:
+            self.on_written(path)
 
 
-def prepare_for_trace(trace: Trace, trace_path: str, step_name: str) -> dict[str, Any] | Exception:
-    """The digest of a trace about to be saved whole to `trace_path` (made while the trace
-    reaches the disk), or what went wrong: `write_for_trace` writes it, or says why not."""
-    try:
-        return from_trace(trace, step_name, trace_path)
-    except Exception as e:  # noqa: BLE001 - a digest never costs the user a trace
-        return e
+class StreamDigest(_DigestSink):
+    """The digest of a streamed trace, as a sink (`gputrace.sinks.Sink`): fed each chunk the
+    stream is (`add`), written beside the stream's file `trace_path` when it is finished
+    (`finish`, with the stream's final header; building goes on after, for a stream resumed).
+    `base_ns` and `label`: the stream's base and process label. `on_written`: told the path of
+    each digest written."""
+
+    def __init__(
+        self,
+        trace_path: str,
+        step_name: str,
+        base_ns: int,
+        label: str,
+        on_written: Callable[[str], object] | None = None,
+    ) -> None:
+        super().__init__(trace_path, step_name, on_written)
+        self.base_ns = base_ns
+        self.label = label
+        # None until the first chunk; False once building failed (then no digest is written).
+        self.builder: Builder | None | bool = None
+
+    def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
+        """Take in a chunk just appended to the stream (`update`, the stream's header update, is
+        not the digest's)."""
+        if self.builder is None:
+            self.builder = Builder(self.step_name)
+        if not isinstance(self.builder, Builder):
+            return
+        try:
+            self.builder.add(chunk)
+        except Exception as e:  # noqa: BLE001 - see above
+            self.builder = False
+            warnings.warn(f"gputrace could not keep the step digest: {e}", GputraceWarning, stacklevel=2)
+
+    def finish(self, header: dict[str, Any]) -> None:
+        """Write the digest beside the finished stream (the rank and world size from `header`
+        where its metadata lacks them)."""
+        b = self.builder
+        if b is False:
+            self.written = None
+            _remove(digest_path(self.trace_path))
+            return
+        built = b if isinstance(b, Builder) else Builder()  # nothing appended: an empty digest still says the rank ran
+
+        def document() -> dict[str, Any]:
+            meta = dict(header.get("metadata") or {})
+            info = header.get("distributedInfo") or {}
+            meta.setdefault("rank", info.get("rank"))
+            meta.setdefault("world_size", info.get("world_size"))
+            return built.document(meta, self.base_ns, self.label, self.trace_path)
+
+        self._write(document)
+
+    def abandon(self) -> None:
+        """The stream was dropped: no digest of it will be written."""
+        self.builder = None
 
 
-def write_for_trace(
-    trace: Trace, trace_path: str, step_name: str, prepared: dict[str, Any] | Exception | None = None
-) -> str | None:
-    """Write the digest of a trace saved whole to `trace_path` (`prepared` by
-    `prepare_for_trace` before the trace was in place, else made now)."""
-    path = digest_path(trace_path)
-    try:
-        if isinstance(prepared, Exception):
-            raise prepared
-        doc = prepared if prepared is not None else from_trace(trace, step_name, trace_path)
-        doc["trace_bytes"] = os.path.getsize(trace_path)  # the trace as it now lies there
-        write(doc, path)
-        return _written(path)
-    except Exception as e:  # noqa: BLE001
-        _remove(path)
-        warnings.warn(f"gputrace could not write the step digest {path}: {e}", GputraceWarning, stacklevel=2)
-        return None
+class TraceDigest(_DigestSink):
+    """The digest of a trace saved whole to `trace_path`, as a sink: `add` the whole trace
+    (while it reaches the disk: the digest is made meanwhile), `finish` once the trace file is
+    in place (its size is then known; the header, the trace's own metadata, is not needed)."""
+
+    def __init__(self, trace_path: str, step_name: str, on_written: Callable[[str], object] | None = None) -> None:
+        super().__init__(trace_path, step_name, on_written)
+        self.prepared: dict[str, Any] | Exception | None = None
+
+    def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
+        try:
+            self.prepared = from_trace(chunk, self.step_name, self.trace_path)
+        except Exception as e:  # noqa: BLE001 - a digest never costs the user a trace
+            self.prepared = e
+
+    def finish(self, header: dict[str, Any]) -> None:
+        prepared = self.prepared
+
+        def document() -> dict[str, Any]:
+            if prepared is None:
+                raise GputraceError("no trace was given to the digest")
+            if isinstance(prepared, Exception):
+                raise prepared
+            prepared["trace_bytes"] = os.path.getsize(self.trace_path)  # the trace as it now lies there
+            return prepared
+
+        self._write(document)
+
+    def abandon(self) -> None:
+        self.prepared = None
 
 
-def _written(path: str) -> str:
-    global LAST_WRITTEN
-    LAST_WRITTEN = path
-    return path
-
-
-#: The digest this process wrote last (what `gather` sends).
-LAST_WRITTEN: str | None = None
+def write_for_trace(trace: Trace, trace_path: str, step_name: str) -> str | None:
+    """Write the digest of `trace`, saved whole to `trace_path`, beside it: the digest's path,
+    or None (with a warning saying why)."""
+    sink = TraceDigest(trace_path, step_name)
+    sink.add(trace)
+    sink.finish({"metadata": trace.metadata})
+    return sink.written
 
 
 def _remove(path: str) -> None:
@@ -584,577 +604,3 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-# ---- reading ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class RankDigest:
-    """One rank's digest, read: its step and collective spans as a one-rank `Trace` (with the
-    rank's metadata, as its trace file would give it) and its per-name aggregates."""
-
-    path: str
-    rank: int
-    step_name: str
-    trace: Trace | None  # None once `load` has taken its spans
-    stats: dict[str, Any]  # columns: name (str), bucket, count, total, min, max, max_start (epoch ns), max_track, hist
-    unfinished: int
-    negative: int
-    warmup_steps: int
-    warmup_exact: bool
-    trace_file: str | None
-    trace_bytes: int | None
-    computed: bool = False  # made from the trace here, not read from a digest file
-
-
-def read(path: str) -> RankDigest:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise TraceFormatError(path, "no such file") from None
-    except OSError as e:
-        raise TraceFormatError(path, e.strerror or str(e)) from None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise TraceFormatError(path, "not a gputrace digest (not valid JSON); delete it, or pass --full") from None
-    return from_document(doc, path)
-
-
-def from_document(doc: Any, path: str) -> RankDigest:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TraceFormatError(path, f"not a gputrace digest of this version ({FORMAT}); delete it, or pass --full")
-    try:
-        meta = dict(doc["metadata"])
-        rank = int(doc["rank"])
-        base = int(doc["base_ns"])
-        trace = Trace(dict(meta))
-        trace.metadata["base_ns"] = base
-        if isinstance(doc.get("world_size"), int):
-            trace.metadata.setdefault("world_size", doc["world_size"])
-        p = trace.add_process(Process(rank + 1, rank, str(doc.get("label") or f"rank {rank}"), rank, meta))
-        tr = doc["tracks"]
-        for tid, name, kind, device, ordinal in zip(tr["tid"], tr["name"], tr["kind"], tr["device"], tr["ordinal"]):
-            trace.add_track(Track(p, tid, name, kind, device, ordinal))
-        names = [str(x) for x in doc["names"]]
-        for x in names:
-            trace.intern(x)  # names that cleaning made equal are one name, as in the trace read back
-        s = doc["spans"]
-        span_names = array("l", s["name"])
-        if len(trace.names) != len(names):
-            span_names = array("l", [trace._name_index[names[k]] for k in span_names])
-        starts = array("q", accumulate(s["start"], initial=base))
-        del starts[0]
-        ends = array("q", map(int.__add__, starts, s["dur"]))
-        args = [_ARGS[f] for f in s["flags"]]
-        trace.spans = SpanColumns.wrap(span_names, array("l", s["track"]), starts, ends, args)
-        trace.spans.cat = [None] * len(args)  # a list: merge copies it at C speed
-        st = doc["stats"]
-        cols = {
-            "name": [names[k] for k in st["name"]],
-            "bucket": st["bucket"],
-            "count": st["count"],
-            "total": st["total"],
-            "min": st["min"],
-            "max": st["max"],
-            "max_start": [base + x for x in st["max_start"]],
-            "max_track": st["max_track"],
-            "hist": st["hist"],
-        }
-        if not (len(starts) == len(ends) == len(args) == len(trace.spans.name) == len(trace.spans.track)):
-            raise ValueError("span columns of different lengths")
-        sp = trace.spans
-        if len(sp) and not (
-            0 <= min(sp.track) <= max(sp.track) < len(trace.tracks)
-            and 0 <= min(sp.name) <= max(sp.name) < len(trace.names)
-        ):
-            raise ValueError("a span refers to a name or track that is not there")
-        warm = doc.get("warmup") or {}
-        return RankDigest(
-            path,
-            rank,
-            str(doc["step_name"]),
-            trace,
-            cols,
-            int(doc.get("unfinished") or 0),
-            int(doc.get("negative") or 0),
-            int(warm.get("steps") or 0),
-            bool(warm.get("exact", False)),
-            doc.get("trace"),
-            doc.get("trace_bytes"),
-        )
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise TraceFormatError(path, f"a damaged gputrace digest ({e}); delete it, or pass --full") from None
-
-
-# Shared argument dicts of digest rows, by flags (nothing mutates span arguments downstream).
-_ARGS: dict[int, dict[str, Any] | None] = {
-    f: (({"collective": bool(f & _COLL_TRUE)} if f & _COLL else {}) | ({"unfinished": True} if f & _UNFINISHED else {}))
-    or None
-    for f in range(8)
-}
-
-
-# ---- finding digests beside traces -------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Inputs:
-    """What the user named: trace files, the digest on disk beside each (when there is one), and
-    digests whose traces are not among the inputs (gathered to one machine)."""
-
-    traces: list[str]
-    digests: dict[str, str]  # trace file -> its digest file
-    lone: list[str]
-
-    @property
-    def ranks(self) -> int:
-        return len(self.traces) + len(self.lone)
-
-    @property
-    def complete(self) -> bool:
-        return all(t in self.digests for t in self.traces)
-
-
-def find(paths: Iterable[str]) -> Inputs:
-    """Files, directories (their trace_rank* and digest_rank* files) and globs -> the trace files
-    and digests they name, each once."""
-    traces: list[str] = []
-    digests: list[str] = []
-
-    def one(f: str) -> None:
-        (digests if is_digest_path(f) else traces).append(f)
-
-    for p in paths:
-        if os.path.isdir(p):
-            found = sorted(f for pattern in TRACE_GLOBS for f in glob.glob(os.path.join(p, pattern)))
-            found_digests = sorted(glob.glob(os.path.join(p, "digest_rank*.digest")))
-            if not found and not found_digests:
-                raise GputraceError(f"{p}: no trace_rank*.json, trace_rank*.pftrace or digest_rank*.digest files here")
-            traces += found
-            digests += found_digests
-        elif any(c in p for c in "*?["):
-            found = sorted(glob.glob(p))
-            if not found:
-                raise GputraceError(f"{p}: no files match")
-            for f in found:
-                one(f)
-        elif os.path.exists(p):
-            one(p)
-        else:
-            raise TraceFormatError(p, "no such file")
-    traces = list(dict.fromkeys(traces))
-    paired: dict[str, str] = {}
-    for t in traces:
-        d = digest_path(t)
-        if os.path.isfile(d):
-            paired[t] = d
-    taken = {os.path.abspath(d) for d in paired.values()}
-    lone = [d for d in dict.fromkeys(digests) if os.path.abspath(d) not in taken]
-    return Inputs(traces, paired, lone)
-
-
-def _fresh(d: RankDigest, trace_path: str) -> bool:
-    """Was `d` written for the trace now at `trace_path` (the same size it had then)?"""
-    try:
-        return d.trace_bytes is not None and os.path.getsize(trace_path) == d.trace_bytes
-    except OSError:
-        return False
-
-
-def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
-    """Every rank's digest: read from its file when there is a fresh one, else computed from its
-    trace (one rank at a time)."""
-    from gputrace.merge import read_trace
-
-    out: list[RankDigest] = []
-    for t in inputs.traces:
-        d = None
-        if t in inputs.digests:
-            try:
-                d = read(inputs.digests[t])
-            except TraceFormatError:  # cut short or damaged (digests are not fsynced): its trace has it all
-                d = None
-            if d is not None and (not _fresh(d, t) or d.step_name != step_name):
-                d = None
-        if d is None:
-            d = from_document(from_trace(read_trace(t), step_name, t), t)
-            d.computed = True
-        out.append(d)
-    out += [read(p) for p in inputs.lone]
-    return out
-
-
-def step_names(inputs: Inputs) -> set[str]:
-    """The step names the digests were written with (read from the files' first bytes)."""
-    found: set[str] = set()
-    for p in [*inputs.digests.values(), *inputs.lone]:
-        try:
-            with open(p, "rb") as f:
-                head = f.read(4096)
-        except OSError:
-            continue
-        m = re.search(rb'"step_name":("(?:[^"\\]|\\.)*")', head)
-        if m:
-            found.add(orjson.loads(m.group(1)))
-    return found
-
-
-# ---- the summary from digests ------------------------------------------------------------------
-
-
-def load(digests: list[RankDigest], allow_mixed: bool = False) -> tuple[Trace, dict[int, tuple[Any, Any]]]:
-    """The digests' spans as one merged `Trace`, checked and aligned exactly as `merge.load`
-    checks and aligns trace files (the same functions), and each rank's (host, device) clock
-    maps for placing the aggregates' longest spans. The spans move out of the digests (their
-    `trace` becomes None), so that memory holds them once."""
-    from gputrace import merge as m
-
-    sel = m.Selection.make()
-    if any(d.trace is None for d in digests):
-        raise GputraceError("these digests were summarized already (their spans are taken): read them again")
-    sources = [m.describe_trace(d.path, d.trace) for d in digests]  # type: ignore[arg-type]
-    for d in digests:
-        d.trace = None  # the source holds it now, and `take` lets go of it rank by rank
-    plan = m.plan(sources, allow_mixed, None)
-    maps = m._alignment(plan, "clock", None, 1, m._read_source)
-    start = m._start(plan, maps)
-    ctx = m.Context.make(plan, maps, sel, None)
-    out = Trace()
-    tally = m._Tally()
-    for group in m._groups(plan):
-        windows: dict[int, tuple[int, int] | None] = {}
-        for s in group:
-            trace, s.trace = s.trace, None
-            assert trace is not None
-            tally.add([m.take(out, s, trace, ctx, windows)])
-            del trace
-    out.metadata = m._metadata(plan, maps, sel, start, plan.notes + tally.notes(sel))
-    return out, {r: (maps.host.get(r), maps.device.get(r)) for r in plan.ranks}
-
-
-def summarize(
-    digests: list[RankDigest],
-    step: str = "step",
-    skip_steps: int = 0,
-    *,
-    require_step: bool = False,
-    allow_mixed: bool = False,
-) -> tuple[Trace, stats.Summary]:
-    """The summary of the ranks' digests: steps and collectives by `stats.summarize` itself on
-    the digests' spans (the same numbers as from the full traces), the span names from the
-    aggregates. Also returns the merged trace of the digests' spans."""
-    for d in digests:
-        if d.step_name != step:
-            raise GputraceError(
-                f"{d.path} marks steps with {d.step_name!r}, not {step!r}; pass --step {d.step_name} "
-                "or --full (reads the whole traces)"
-            )
-    per_rank = {d.rank: d for d in digests}
-    if require_step and not any(_has_steps(d) for d in digests):
-        raise stats.UnknownStepError(_unknown_step(step, digests))
-    kept_tracks = {d.rank: [t.kind for t in d.trace.tracks] if d.trace is not None else [] for d in digests}
-    trace, maps = load(digests, allow_mixed)
-    s = stats.summarize(trace, step, skip_steps)
-    # Which warm-up buckets each rank keeps: spans starting at or after its step `skip_steps`.
-    notes = list(s.notes)
-    cut: dict[int, int] = {}
-    inexact: list[int] = []
-    for r in s.ranks:
-        d = per_rank[r]
-        if not skip_steps or s.steps is None or r not in s.steps.ranks:
-            cut[r] = 0
-        elif d.warmup_exact and skip_steps < d.warmup_steps and skip_steps <= WARMUP_STEPS:
-            cut[r] = skip_steps + 1
-        else:
-            cut[r] = 0
-            inexact.append(r)
-    names, by_rank, kept, warm = _name_stats(s, per_rank, cut, maps, kept_tracks)
-    counts = {}
-    for r, c in s.counts.items():
-        counts[r] = dataclasses.replace(c, spans=kept[r], unfinished=per_rank[r].unfinished, warmup=warm[r])
-    rows_unfinished = sum(c.unfinished for c in s.counts.values())
-    all_unfinished = sum(c.unfinished for c in counts.values())
-    _replace_note(notes, stats.unfinished_note(rows_unfinished) if rows_unfinished else None,
-                  stats.unfinished_note(all_unfinished) if all_unfinished else None,
-                  len(trace.metadata.get("notes") or ()))  # fmt: skip
-    if skip_steps and s.steps is not None:
-        rows_warm = sum(c.warmup for c in s.counts.values())
-        _replace_note(
-            notes,
-            stats.warmup_note(skip_steps, step, rows_warm),
-            stats.warmup_note(skip_steps, step, sum(warm.values())),
-            len(notes),
-        )
-    if inexact:
-        notes.append(
-            f"the span statistics of ranks {_ranges(inexact)} include their warm-up: their digests tell "
-            f"apart only the first {WARMUP_STEPS} steps (--full reads the whole traces)"
-        )
-    negative = sum(d.negative for d in digests)
-    if negative:
-        notes.append(f"{negative} spans that end before they start were left out (Perfetto drops them too)")
-    return trace, dataclasses.replace(s, names=names, by_rank=by_rank, counts=counts, notes=notes)
-
-
-def _has_steps(d: RankDigest) -> bool:
-    if d.trace is None:
-        return False
-    try:
-        k = d.trace.names.index(d.step_name)
-    except ValueError:
-        return False
-    return any(n == k and not a for n, a in zip(d.trace.spans.name, d.trace.spans.args) if n == k)
-
-
-def _unknown_step(step: str, digests: list[RankDigest]) -> str:
-    totals: dict[str, int] = {}
-    exists = False
-    for d in digests:
-        st = d.stats
-        for name, total in zip(st["name"], st["total"]):
-            totals[name] = totals.get(name, 0) + total
-        exists = exists or (d.trace is not None and step in d.trace.names)
-    present = sorted(totals, key=lambda n: (-totals[n], n))
-    shown = ", ".join(repr(n) for n in present[:12])
-    more = f" and {len(present) - 12} more" if len(present) > 12 else ""
-    what = f"no finished span of a rank is named {step!r}" if exists else f"no span is named {step!r}"
-    return f"{what}, so it cannot mark steps; choose one of the span names present: {shown}{more}"
-
-
-def _replace_note(notes: list[str], old: str | None, new: str | None, at: int) -> None:
-    if old is not None and old in notes:
-        i = notes.index(old)
-        if new is None:
-            del notes[i]
-        else:
-            notes[i] = new
-    elif new is not None:
-        notes.insert(min(at, len(notes)), new)
-
-
-def _name_stats(
-    s: stats.Summary,
-    per_rank: dict[int, RankDigest],
-    cut: dict[int, int],
-    maps: dict[int, tuple[Any, Any]],
-    kinds: dict[int, list[str]],
-) -> tuple[list[stats.NameStats], dict[int, list[stats.NameStats]], dict[int, int], dict[int, int]]:
-    """Name statistics from the aggregates of the buckets each rank keeps; a name whose every
-    span of a rank is a digest row keeps the exact statistics the summary computed from them."""
-    # Per name: per rank [count, total, min, max, max start, max track, hist Counter].
-    by_name: dict[str, dict[int, list[Any]]] = {}
-    kept = {r: 0 for r in s.ranks}
-    warm = {r: 0 for r in s.ranks}
-    for r in s.ranks:
-        st = per_rank[r].stats
-        c = cut[r]
-        for k, name in enumerate(st["name"]):
-            n = st["count"][k]
-            if st["bucket"][k] < c:
-                warm[r] += n
-                continue
-            kept[r] += n
-            a = by_name.setdefault(name, {}).get(r)
-            if a is None:
-                a = by_name[name][r] = [0, 0, st["min"][k], -1, 0, 0, Counter()]
-            a[0] += n
-            a[1] += st["total"][k]
-            a[2] = min(a[2], st["min"][k])
-            if st["max"][k] > a[3]:
-                a[3], a[4], a[5] = st["max"][k], st["max_start"][k], st["max_track"][k]
-            h = st["hist"][k]
-            a[6].update(dict(zip(h[0::2], h[1::2])))
-    exact_rank = {r: {x.name: x for x in rows} for r, rows in s.by_rank.items()}
-    exact_all = {x.name: x for x in s.names}
-    by_rank: dict[int, list[stats.NameStats]] = {r: [] for r in s.ranks}
-    rows: list[stats.NameStats] = []
-    for name, ranks in by_name.items():
-        complete = True
-        insts = {}
-        for r, a in sorted(ranks.items()):
-            ex = exact_rank[r].get(name)
-            if ex is not None and ex.count == a[0]:
-                by_rank[r].append(ex)
-                insts[r] = ex.slowest
-                continue
-            complete = False
-            host, device = maps.get(r, (None, None))
-            fn = device if device is not None and kinds[r][a[5]] == "cuda" else host
-            lo, hi = a[4], a[4] + a[3]
-            inst = stats.Instance(r, fn(lo), fn(hi)) if fn is not None else stats.Instance(r, lo, hi)
-            insts[r] = inst
-            by_rank[r].append(_row(name, {r: a}, inst))
-        if complete and name in exact_all:
-            rows.append(exact_all[name])
-        else:
-            longest = max(ranks, key=lambda r: (ranks[r][3], -r))
-            rows.append(_row(name, ranks, insts[longest]))
-    order = lambda x: (-x.total_ns, x.name)  # noqa: E731
-    rows.sort(key=order)
-    for v in by_rank.values():
-        v.sort(key=order)
-    return rows, by_rank, kept, warm
-
-
-def _row(name: str, ranks: dict[int, list[Any]], slowest: stats.Instance) -> stats.NameStats:
-    totals = {r: a[1] for r, a in ranks.items()}
-    count = sum(a[0] for a in ranks.values())
-    hist: Counter[int] = Counter()
-    for a in ranks.values():
-        hist.update(a[6])
-    lo_v = min(a[2] for a in ranks.values())
-    hi_v = max(a[3] for a in ranks.values())
-    p50, p90, p99 = (_percentile(hist, count, q, lo_v, hi_v) for q in (50, 90, 99))
-    return stats.name_row(name, count, (p50, p90, p99), hi_v, totals, slowest)
-
-
-def _percentile(hist: Counter[int], n: int, q: int, lo: int, hi: int) -> int:
-    """The nearest-rank percentile (as `stats.percentile` takes it) estimated from the
-    histogram: the geometric middle of the bucket it falls in, within the least and longest."""
-    if not n:
-        return 0
-    want = max(0, min(n - 1, (n * q + 99) // 100 - 1))
-    seen = 0
-    for b in sorted(hist):
-        seen += hist[b]
-        if seen > want:
-            mid = 0 if b < 0 else round(math.sqrt(_BOUND[b] * (_BOUND[b + 1] - 1)))
-            return min(max(mid, lo), hi)
-    return hi
-
-
-# ---- the loading choice of `gputrace summary` -----------------------------------------------------
-
-
-def summary_of_files(
-    paths: Sequence[str],
-    step: str | None = None,
-    skip_steps: int = 0,
-    *,
-    allow_mixed: bool = False,
-    full: bool = False,
-    ranks: Iterable[int] | None = None,
-    steps: tuple[int | None, int | None] | None = None,
-) -> stats.Summary:
-    """The summary `gputrace summary` prints for `paths`, from the digests when every rank has
-    one (or when the ranks are many: DIGEST_MIN_RANKS), else from the full traces; `full`, or a
-    selection of ranks or steps, reads the full traces (of the selection only). Its first note
-    says which it read."""
-    from gputrace import merge
-
-    inputs = find(paths)
-    selection = ranks is not None or steps is not None
-    if (full or selection) and not inputs.traces:
-        raise GputraceError("only digests here: --full, --ranks and --steps need the trace files")
-    use_digests = (
-        not full and not selection and (inputs.complete or bool(inputs.lone) or inputs.ranks >= DIGEST_MIN_RANKS)
-    )
-    recorded = step_names(inputs) if use_digests else set()
-    if use_digests and step is None and len(recorded) == 1:
-        step_name = recorded.pop()
-    else:
-        step_name = step or "step"
-    why = ""
-    if use_digests and recorded and recorded != {step_name}:
-        if inputs.ranks < DIGEST_MIN_RANKS and inputs.traces and not inputs.lone:
-            use_digests = False
-            why = f" (the digests mark steps with {', '.join(map(repr, sorted(recorded)))}, not {step_name!r})"
-        else:
-            raise GputraceError(
-                f"the digests mark steps with {', '.join(map(repr, sorted(recorded)))}, not {step_name!r}: pass "
-                f"--step {sorted(recorded)[0]}, or --full to read every trace"
-            )
-    if use_digests:
-        digests = collect(inputs, step_name)
-        computed = sorted(d.rank for d in digests if d.computed)
-        _, s = summarize(digests, step_name, skip_steps, require_step=step is not None, allow_mixed=allow_mixed)
-        note = (
-            f"read from the ranks' digests ({len(digests)} rank{'s' if len(digests) != 1 else ''}): steps and "
-            f"collectives are exact; span percentiles are approximate (estimated from histograms, within "
-            f"{HIST_ERROR:.1%}) but for step and collective spans; --full reads the whole traces"
-        )
-        if computed:
-            note += f"; ranks {_ranges(computed)} had no digest as new as their trace: computed from the trace"
-        return dataclasses.replace(s, notes=[note, *s.notes])
-    files = inputs.traces
-    if ranks is not None:
-        wanted = set(ranks)
-        by_name = {t: _TRACE_NAME.match(os.path.basename(t)) for t in files}
-        if all(by_name.values()) and len({m.group(1) for m in by_name.values() if m}) == len(files):
-            # Files named by rank: only the selected ones are opened.
-            files = [t for t, m in by_name.items() if m and int(m.group(1)) in wanted] or files
-    trace = merge.load(files, allow_mixed=allow_mixed, ranks=ranks, steps=steps, step_name=step_name)
-    s = stats.summarize(trace, step_name, skip_steps, require_step=step is not None)
-    what = "read from the full traces" + why
-    if selection:
-        parts = []
-        if ranks is not None:
-            parts.append(f"ranks {_ranges(sorted(set(ranks)))}")
-        if steps is not None:
-            a, b = steps
-            parts.append(f"steps {a or 0}:{'' if b is None else b} (numbered from {a or 0} in the run, from 0 here)")
-        what = f"read from the full traces of {' and '.join(parts)} only"
-    if inputs.lone:
-        what += f"; {len(inputs.lone)} digests without their traces here are left out"
-    return dataclasses.replace(s, notes=[what, *s.notes])
-
-
-# ---- gathering to rank 0 ------------------------------------------------------------------------
-
-
-def gather(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
-    """Collective (every rank of `group` calls it, after `gputrace.save()`): each rank's digest
-    goes to rank `dst`, which writes them all into `out_dir` (default: its output directory) as
-    `digest_rank{R}.digest`, so that `gputrace summary` there reads every rank without their
-    traces. Returns the paths written (on `dst`; an empty list elsewhere)."""
-    import torch.distributed as dist
-
-    from gputrace import dist as gdist
-    from gputrace import session
-
-    sess = session.SESSION
-    mine: bytes | None = None
-    path = LAST_WRITTEN if LAST_WRITTEN is not None and os.path.isfile(LAST_WRITTEN) else None
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                mine = zlib.compress(f.read(), 1)
-        except OSError:
-            mine = None
-    g = gdist._gloo_group(dist, group)
-    ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
-    target = ranks[dst] if g is not None else dst
-    me = dist.get_rank()
-    box: list[Any] = [None] * len(ranks) if me == target else []
-    dist.gather_object(mine, box if me == target else None, dst=target, group=g)
-    if me != target:
-        return []
-    directory = out_dir or sess.config.out_dir
-    if not directory:
-        raise GputraceError("gather_digests() needs out_dir on the receiving rank (or the out_dir option)")
-    written = []
-    for blob in box:
-        if blob is None:
-            continue
-        data = zlib.decompress(blob)
-        doc = orjson.loads(data)
-        dest = os.path.join(directory, f"digest_rank{int(doc['rank'])}.digest")
-        if os.path.abspath(dest) != os.path.abspath(path or ""):
-            with atomic_writer(dest) as f:
-                f.write(data)
-        written.append(dest)
-    return written
-
-
-def _ranges(ranks: Iterable[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and runs[-1][1] == r - 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -5,6 +5,9 @@ Gives: `RankInfo` (rank, world size, and where they came from) for every trace, 
 `sync_clocks()`, this rank's host clock offset against rank 0 with its error bar and, where the
 ranks record on GPUs joined by NCCL, the offset of this rank's device events refined on the
 GPUs themselves.
+Also `gather_digests()`, the ranks' step digests collected on one rank. What these need from
+the recording (the recorder, the gloo side groups kept between calls, the digest last written)
+they are handed by the session; this module keeps no state of its own.
 
 How the host offsets are found, at any scale:
 - Ranks on one host read one CLOCK_MONOTONIC, and each turns it into epoch ns through its own
@@ -41,10 +44,11 @@ import os
 import socket
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gputrace.errors import ConfigError
+from gputrace.errors import ConfigError, GputraceError
 
 # A test seam: ranks whose environment gives different values here act as different hosts (and
 # exchange messages), ranks with the same value as one host. Unset, the host is recognised by its
@@ -138,20 +142,18 @@ class ClockSync:
     device: DeviceSync | None = None
 
 
-_gloo_groups: dict[int, object] = {}
-
-
-def _gloo_group(dist: Any, group: Any) -> Any:
+def gloo_group(dist: Any, group: Any, groups: dict[int, object]) -> Any:
     """A gloo group over the same ranks: NCCL cannot carry host timestamps without a device
     round trip, so the exchange always goes through gloo (a side group when the default is
-    NCCL). Creating it is collective, which sync_clocks() already is."""
+    NCCL, kept in `groups`, the caller's, by the group it stands for). Creating it is
+    collective, which sync_clocks() already is."""
     if dist.get_backend(group) == "gloo":
         return group
     key = id(group)
-    if key not in _gloo_groups:
+    if key not in groups:
         ranks = None if group is None else dist.get_process_group_ranks(group)
-        _gloo_groups[key] = dist.new_group(ranks=ranks, backend="gloo")
-    return _gloo_groups[key]
+        groups[key] = dist.new_group(ranks=ranks, backend="gloo")
+    return groups[key]
 
 
 def host_identity() -> str:
@@ -208,23 +210,36 @@ def tree_rounds(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) -> ClockSync | None:  # type: ignore[no-untyped-def]
+def sync_clocks(  # type: ignore[no-untyped-def]
+    clock,
+    group=None,
+    exchanges: int = 16,
+    device_probes: int = 8,
+    *,
+    recorder: Callable[[], Any] | None = None,
+    gloo_groups: dict[int, object] | None = None,
+) -> ClockSync | None:
     """Estimate this rank's host clock offset against rank 0 (the group's first rank) through
     torch.distributed; every rank of `group` must call it. Ranks that share a host share one
     exchange (see the module's docstring). Then, if the ranks span several hosts, every rank
     records on a GPU and `group` is NCCL, each rank's device offset is refined with
     `device_probes` tiny all-reduces per batch. Returns None when torch.distributed is not
-    initialised."""
+    initialised.
+
+    Handed by the session: `recorder`, a callable giving the recorder spans record into (or
+    None; it may build one), asked only for the device refinement; `gloo_groups`, where the
+    gloo side groups are kept between calls (None: made for this call only)."""
     dist = _dist()
     if dist is None:
         return None
     import torch
 
-    g = _gloo_group(dist, group)
+    g = gloo_group(dist, group, {} if gloo_groups is None else gloo_groups)
     me = dist.get_rank()
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
     root = ranks[0]
-    probe_dev = _probe_device(dist, group) if device_probes > 0 else None
+    rec = recorder() if recorder is not None and device_probes > 0 else None
+    probe_dev = _probe_device(dist, group, rec) if device_probes > 0 else None
     mine = torch.tensor([_host_key(host_identity()), clock.epoch_offset_ns, probe_dev is not None], dtype=torch.int64)
     gathered = [torch.empty_like(mine) for _ in ranks]
     dist.all_gather(gathered, mine, group=g)
@@ -254,7 +269,7 @@ def sync_clocks(clock, group=None, exchanges: int = 16, device_probes: int = 8) 
         at = at - same_host if at else clock.now()
         result = ClockSync(at, offset + same_host, error, rtt, 0, "same host", leader, hops, hosts)
     if hosts > 1 and all(t[2] for t in table):
-        result = dataclasses.replace(result, device=_device_probe(dist, group, g, ranks, result, device_probes))
+        result = dataclasses.replace(result, device=_device_probe(dist, group, g, ranks, result, device_probes, rec))
     return result
 
 
@@ -301,14 +316,10 @@ def _answer(dist, g, clock, client: int, exchanges: int, buf) -> None:  # type: 
 # ---- device refinement ---------------------------------------------------------------------------
 
 
-def _probe_device(dist, group) -> int | None:  # type: ignore[no-untyped-def]
-    """The GPU this rank records on, if the device refinement can run here: recording is on with
-    a CUDA device and `group` reduces CUDA tensors in place on the GPUs (NCCL)."""
-    from gputrace import record
-
-    rec = record.ACTIVE
-    if rec is None and record.LAZY is not None:
-        rec = record.LAZY()  # recording is on from the environment; its first span would build it
+def _probe_device(dist, group, rec) -> int | None:  # type: ignore[no-untyped-def]
+    """The GPU this rank records on, if the device refinement can run here: recording is on
+    (`rec`, the recorder) with a CUDA device and `group` reduces CUDA tensors in place on the
+    GPUs (NCCL)."""
     if rec is None or rec.device is None:
         return None
     try:
@@ -358,7 +369,7 @@ class CudaProbe:
 PROBE: type = CudaProbe
 
 
-def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: int) -> DeviceSync | None:  # type: ignore[no-untyped-def]
+def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: int, rec) -> DeviceSync | None:  # type: ignore[no-untyped-def]
     """Refine this rank's offset for its device events with tiny all-reduces on `group`.
 
     Each probe is a start event, a one-element all-reduce and an end event on the current
@@ -371,10 +382,8 @@ def _device_probe(dist, group, g, ranks: list[int], host: ClockSync, per_batch: 
     Odd probes make rank 0 arrive last (a short sleep first), even probes every other rank, so
     both bounds are tight on some probe. Per batch: the median of end_0 - end_r, clamped into the
     bounds; the estimate is the median of the batches, and its error bar reaches from it to the
-    farthest bound of any batch (batches with their own anchors show how much anchors move)."""
-    from gputrace import record
-
-    rec = record.ACTIVE
+    farthest bound of any batch (batches with their own anchors show how much anchors move).
+    `rec`: the recorder, whose anchors map the events."""
     assert rec is not None and rec.device is not None  # _probe_device said so on every rank
     dev = rec.device.current_device()
     gpu = PROBE(dev)
@@ -442,3 +451,58 @@ def _to_host(tl, event, first: int) -> int:  # type: ignore[no-untyped-def]
     located = tl.locate(event, first)
     assert located is not None, "a probe event after the anchor taken behind it"
     return int(tl.to_host_ns(*located))
+
+
+# ---- gathering the step digests ------------------------------------------------------------------
+
+
+def gather_digests(
+    mine: str | None,
+    out_dir: str | None,
+    group: Any = None,
+    dst: int = 0,
+    *,
+    gloo_groups: dict[int, object] | None = None,
+) -> list[str]:
+    """Collective (every rank of `group` calls it): each rank's digest file `mine` (None, or a
+    file that is not there: this rank sends none) goes to rank `dst`, which writes them all into
+    `out_dir` as `digest_rank{R}.digest`, so that `gputrace summary` there reads every rank
+    without their traces. Returns the paths written (on `dst`; an empty list elsewhere).
+    `gloo_groups`: as for `sync_clocks`."""
+    import zlib
+
+    import orjson
+    import torch.distributed as dist
+
+    from gputrace.trace.files import atomic_writer
+
+    blob: bytes | None = None
+    path = mine if mine is not None and os.path.isfile(mine) else None
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                blob = zlib.compress(f.read(), 1)
+        except OSError:
+            blob = None
+    g = gloo_group(dist, group, {} if gloo_groups is None else gloo_groups)
+    ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
+    target = ranks[dst] if g is not None else dst
+    me = dist.get_rank()
+    box: list[Any] = [None] * len(ranks) if me == target else []
+    dist.gather_object(blob, box if me == target else None, dst=target, group=g)
+    if me != target:
+        return []
+    if not out_dir:
+        raise GputraceError("gather_digests() needs out_dir on the receiving rank (or the out_dir option)")
+    written = []
+    for got in box:
+        if got is None:
+            continue
+        data = zlib.decompress(got)
+        doc = orjson.loads(data)
+        dest = os.path.join(out_dir, f"digest_rank{int(doc['rank'])}.digest")
+        if os.path.abspath(dest) != os.path.abspath(path or ""):
+            with atomic_writer(dest) as f:
+                f.write(data)
+        written.append(dest)
+    return written

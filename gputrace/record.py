@@ -32,6 +32,7 @@ from gputrace.clock import DeviceTimeline, HostClock, take_anchor
 from gputrace.config import Config
 from gputrace.errors import GputraceWarning
 from gputrace.resolve import SpanStore, resolve
+from gputrace.state import State
 
 
 class TimerType(enum.Enum):
@@ -240,18 +241,22 @@ class _NoopSpan:
 AUTO_RESOLVE_SLICE = 512
 AUTO_RESOLVE_BUDGET_NS = 1_000_000
 
-# RECORDER is None while recording is off; ACTIVE keeps the last recorder, so spans opened
-# before disable() still close and saving still works.
+# The state this module reads (`gputrace.state`): the session owns it and installs it here
+# (`install_state`); until then a state of this module's own, recording off.
+STATE = State()
+# The hot path's copies of STATE.recorder and STATE.active, one global read away (a span reads
+# one of them on every enter and exit); `set_recorder` keeps them equal. RECORDER is None while
+# recording is off; ACTIVE keeps the last recorder, so spans opened before disable() still close
+# and saving still works.
 RECORDER: Recorder | None = None
 ACTIVE: Recorder | None = None
-LAZY: Callable[[], Recorder] | None = None  # builds the recorder on first use (set from the environment)
-_warned: set[str] = set()
+_warned: set[str] = STATE.warned  # the state's own containers, as globals for the hot path
 
 
 def current() -> Recorder | None:
     """The recorder spans record into now (built here if the environment asked for one)."""
-    if RECORDER is None and LAZY is not None:
-        LAZY()
+    if RECORDER is None and STATE.lazy is not None:
+        STATE.lazy()
     return RECORDER
 
 
@@ -647,7 +652,7 @@ class _DisabledSpan(_NoopSpan):
         return traced(fn, self.name, self.args, self.cuda, self.sync)
 
 
-_disabled: dict[str, _DisabledSpan] = {}
+_disabled: dict[str, _DisabledSpan] = STATE.disabled
 
 
 @overload
@@ -682,8 +687,8 @@ def _py_span(name: Any, /, **args: Any) -> Any:
 def _span_slow(name: Any, args: dict[str, Any]) -> Any:
     if _compiling():
         return NULLCTX
-    if RECORDER is None and LAZY is not None:
-        LAZY()
+    if RECORDER is None and STATE.lazy is not None:
+        STATE.lazy()
     if type(name) is not str:
         if callable(name) and not args:  # bare @span
             return traced(name, _qualname(name), None, True, False)
@@ -808,16 +813,14 @@ else:
     DisabledSpan = _DisabledSpan
 
 
-CAPTURES = [0]  # CUDA graph captures under way, as torch.cuda.CUDAGraph reports them
-
-
 def capture_changed(delta: int) -> None:
-    """A capture began (+1) or ended (-1). The C hot path then asks CUDA on every open; it
+    """A capture began (+1) or ended (-1) (`STATE.captures`: the captures under way, as
+    torch.cuda.CUDAGraph reports them). The C hot path then asks CUDA on every open; it
     does not otherwise, since the question costs ~0.35 us. A stream first seen during capture
     is always asked about (new tracks are made on the slow path)."""
-    CAPTURES[0] = max(0, CAPTURES[0] + delta)
+    STATE.captures = max(0, STATE.captures + delta)
     if _hot is not None:
-        _hot.set_capture(CAPTURES[0])
+        _hot.set_capture(STATE.captures)
 
 
 def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
@@ -826,6 +829,7 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
     global RECORDER, ACTIVE
     if rec is not None and rec is not active:
         raise ValueError("set_recorder: the recorder spans record into must be the active one")
+    STATE.recorder, STATE.active = rec, active
     RECORDER, ACTIVE = rec, active
     if _hot is not None:
         # Reads the whole state first, then switches in one step: a thread inside a span
@@ -838,11 +842,24 @@ if _hot is not None:
 set_recorder(None, None)
 
 
+def install_state(state: State) -> None:
+    """Make `state` the one this module reads and changes (the session's), its recorders and
+    captures what the hot path (Python or C) sees from now on. Installing the same state again
+    after `State.clear()` is a fresh start."""
+    global STATE, _warned, _disabled
+    STATE = state
+    _warned = state.warned
+    _disabled = state.disabled
+    if _hot is not None:
+        _hot.bind(_disabled, _span_slow, traced)
+        _hot.set_capture(state.captures)
+    set_recorder(state.recorder, state.active)
+
+
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker, say) cannot touch the parent's CUDA context, and its
     # spans would never be saved with the parent's: recording is off in the child.
-    global LAZY
-    LAZY = None
+    STATE.lazy = None
     set_recorder(None, None)
 
 

@@ -12,6 +12,13 @@ loads; SIGTERM and SIGINT append what is resolved, finish the file where the pro
 otherwise die, and hand the signal on to the handler that was there before; the interpreter's
 exit finishes the file. Resolved spans then leave memory at each flush: memory stays flat over
 any number of steps.
+
+The session owns the process-wide state (`gputrace.state.State`: the recorders, the misuse
+warnings given, the gloo groups, the last digest written, the timers) and installs it in the
+modules below (`record.install_state`), which never import this one; `dist` is handed what it
+needs. What is written goes to sinks (`gputrace.sinks.Sink`), fed alike: while streaming, the
+format's stream writer and the step digest (`digest.StreamDigest`); a trace saved whole feeds its
+digest (`digest.TraceDigest`) while it reaches the disk.
 """
 
 from __future__ import annotations
@@ -28,14 +35,18 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gputrace import digest, record
+from gputrace import record
 from gputrace.clock import HostClock
 from gputrace.config import Config
-from gputrace.dist import ClockSync, rank_info
+from gputrace.digest import StreamDigest, TraceDigest
+from gputrace.dist import ClockSync, gloo_group, rank_info
+from gputrace.dist import gather_digests as _gather_digests
 from gputrace.dist import sync_clocks as _sync_clocks
 from gputrace.errors import ConfigError, GputraceError, GputraceWarning
 from gputrace.record import Recorder
 from gputrace.resolve import SpanStore
+from gputrace.sinks import Sink, StreamSink
+from gputrace.state import State
 from gputrace.trace import chrome
 from gputrace.trace.files import format_for_path
 from gputrace.trace.model import CounterColumns, Process, SpanColumns, Trace, Track
@@ -50,7 +61,11 @@ _BASE_MARGIN_NS = 1_000_000
 class Session:
     """Everything process-wide: the config, the recorder, the clocks and syncs, the output."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: State | None = None) -> None:
+        # The process-wide state the modules below read (recorders, warnings given, the last
+        # digest, gloo groups, timers): this session owns it and installs it there.
+        self.state = state if state is not None else State()
+        record.install_state(self.state)
         self.lock = threading.RLock()
         self.config = Config()
         self.clock: HostClock | None = None
@@ -61,6 +76,7 @@ class Session:
         self.counters = CounterColumns()
         self._skeleton: Any = None  # a stream chunk's process and tracks, while they last
         self.stream: Any = None  # a chrome or perfetto StreamWriter while streaming
+        self.sinks: list[Sink] = []  # what each flush feeds while streaming: the stream, its digest
         self.saved = False
         self._atexit = False
         self._previous: dict[int, Any] = {}  # signal -> the handler before ours
@@ -71,11 +87,11 @@ class Session:
 
     @property
     def recorder(self) -> Recorder | None:
-        return record.ACTIVE
+        return self.state.active  # type: ignore[no-any-return]
 
     def enable(self, **options: Any) -> None:
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             # Again while a recorder exists: the options given change, the others stay.
             config = (self.config if rec is not None else Config.from_env()).replace(**options)
             if rec is not None:
@@ -91,7 +107,7 @@ class Session:
         """Recording on from the environment, at import. Building the recorder imports torch,
         which `import gputrace` and the CLI must not, so the first span builds it."""
         self.config = Config.from_env()
-        record.LAZY = self._build
+        self.state.lazy = self._build
         self._register_atexit()
 
     def _reconfigure(self, rec: Recorder, new: Config) -> None:
@@ -104,17 +120,18 @@ class Session:
             # The file being streamed is finished where it is; the next flush starts the new one.
             self._finish_stream()
             self.stream = None
+            self.sinks = []
         rec.config = new
         rec.store.capacity = new.max_spans
         rec._check_at = len(rec.pending) + new.max_pending
 
     def disable(self) -> None:
         """Stop recording new spans. Open spans still close; what was recorded can still be saved."""
-        record.LAZY = None
-        record.set_recorder(None, record.ACTIVE)
+        self.state.lazy = None
+        record.set_recorder(None, self.recorder)
 
     def is_enabled(self) -> bool:
-        return record.RECORDER is not None or record.LAZY is not None
+        return self.state.recorder is not None or self.state.lazy is not None
 
     def host_clock(self) -> HostClock:
         if self.clock is None:
@@ -122,13 +139,13 @@ class Session:
         return self.clock
 
     def set_host_clock(self, clock: HostClock) -> None:
-        if record.ACTIVE is not None:
+        if self.recorder is not None:
             raise GputraceError("set_host_clock() must be called before enable()")
         self.clock = clock
 
     def _build(self) -> Recorder:
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             if rec is None:
                 device = None
                 if self.config.cuda and _cuda_available():
@@ -140,7 +157,7 @@ class Session:
                 self.started_ns = self.host_clock().now()
                 if self.run_id is None:
                     self.run_id = _run_id_from_env(self.config)
-            record.LAZY = None
+            self.state.lazy = None
             record.set_recorder(rec, rec)
             return rec
 
@@ -157,7 +174,7 @@ class Session:
     def flush(self, wait: bool = False) -> int:
         """Resolve what the GPU has finished (all of it with `wait`), sample memory, and with an
         output directory append it all to the rank's file. Returns the spans resolved."""
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             return 0
         with self.lock:
@@ -306,6 +323,9 @@ class Session:
             self.stream = writer(path, base, process, header)
         except OSError as e:
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+        # The sinks every flush feeds, in this order: the digest is written once its trace is.
+        step = self.config.step_name
+        self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
         self._install_signal_handlers()
         return self.stream
 
@@ -327,8 +347,8 @@ class Session:
         update = None
         if self._header_changed(stream):
             update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
-        stream.append(trace, range(len(store)), range(len(trace.counters)), update)
-        digest.feed(stream, trace, self.config.step_name)
+        for sink in self.sinks:
+            sink.add(trace, update)
         stream.counts = (store.dropped, rec.skipped_in_capture)
         store.clear()
         self.counters = CounterColumns()
@@ -349,27 +369,31 @@ class Session:
     def _finish_stream(self) -> str | None:
         """Append the open spans (marked unfinished) and write the final header."""
         stream = self.stream
-        rec = record.ACTIVE
+        rec = self.recorder
         if stream is None or stream.closed or rec is None:
             return stream.path if stream is not None else None
         snapshot = rec.resolve_open()
         trace = self.rank_trace(rec, snapshot, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
-        stream.append(trace, range(len(snapshot)), ())
-        digest.feed(stream, trace, self.config.step_name)
+        trace.counters = CounterColumns()  # the last flush's chunk carried them
+        for sink in self.sinks:
+            sink.add(trace)
         header = self._header(rec, rec.store, len(snapshot))
         header["metadata"]["spans"] = stream.spans_written
         header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
-        stream.finish(header)
-        digest.write_for_stream(stream, header)
+        for sink in self.sinks:
+            sink.finish(header)
         return str(stream.path)
+
+    def _digest_written(self, path: str) -> None:
+        self.state.last_digest = path
 
     def save(self, path: str | os.PathLike[str] | None = None, format: str | None = None) -> str:
         """Write the trace; see `gputrace.save`."""
         target = os.fspath(path) if path is not None else self.config.out_dir
         if not target:
             raise GputraceError("save() needs a path, or the out_dir option (GPUTRACE_OUT_DIR)")
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
         fmt = format_for_path(target, format) if (format or not os.path.isdir(target)) else None
@@ -391,15 +415,26 @@ class Session:
                 ext = ".pftrace" if (format and format_for_path("x", format) == "perfetto") else ".json"
                 target = os.path.join(target, f"trace_rank{rank}{ext}")
             trace = self.snapshot(rec)
-            step = self.config.step_name
-            made: list[Any] = []  # the digest, made while the trace reaches the disk
+            # The sinks of a trace saved whole: fed it while it reaches the disk, finished once
+            # it is there.
+            sinks: list[Sink] = [TraceDigest(target, self.config.step_name, self._digest_written)]
+            fed: list[bool] = []
+
+            def feed() -> None:
+                fed.append(True)
+                for sink in sinks:
+                    sink.add(trace)
+
             write_trace(
                 trace,
                 target,
                 fmt or format_for_path(target),
-                lambda: made.append(digest.prepare_for_trace(trace, target, step)),
+                feed,
             )
-            digest.write_for_trace(trace, target, step, made[0] if made else None)
+            if not fed:
+                feed()
+            for sink in sinks:
+                sink.finish({"metadata": trace.metadata})
             self.saved = True
             return target
 
@@ -425,12 +460,13 @@ class Session:
         """Discard everything recorded so far and start a fresh trace (spans open now stay open
         and close into it). With an output directory, the rank's file starts again."""
         with self.lock:
-            rec = record.ACTIVE
+            rec = self.recorder
             if rec is not None:
                 rec.discard()
-            if self.stream is not None:
-                self.stream.abandon()
-                self.stream = None
+            for sink in self.sinks:
+                sink.abandon()
+            self.stream = None
+            self.sinks = []
             self.counter_names = []
             self.counters = CounterColumns()
             self.saved = False
@@ -440,27 +476,45 @@ class Session:
     # ---- clocks across ranks -----------------------------------------------------------------
 
     def sync_clocks(self, group: Any = None, exchanges: int = 16) -> ClockSync | None:
-        result = _sync_clocks(self.host_clock(), group, exchanges)
+        result = _sync_clocks(
+            self.host_clock(), group, exchanges, recorder=self._recorder_now, gloo_groups=self.state.gloo_groups
+        )
         if result is not None:
             self.syncs.append(result)
             if self.run_id is None:
-                self.run_id = _shared_run_id(group)
+                self.run_id = _shared_run_id(group, self.state.gloo_groups)
         return result
+
+    def _recorder_now(self) -> Recorder | None:
+        """The recorder, built now if recording is on from the environment and no span has built
+        it yet (the clock sync's device refinement needs it)."""
+        rec = self.recorder
+        if rec is None and self.state.lazy is not None:
+            rec = self.state.lazy()
+        return rec
+
+    def gather_digests(self, out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
+        """See `gather_digests`."""
+        return _gather_digests(self.state.last_digest, out_dir or self.config.out_dir, group, dst,
+                              gloo_groups=self.state.gloo_groups)  # fmt: skip
 
     # ---- exit and signals --------------------------------------------------------------------
 
     def close(self) -> None:
         """Back to a fresh session: the stream left as it is on disk, signal handlers handed
-        back, recording off (what a test between two tests needs)."""
-        if self.stream is not None:
-            self.stream.abandon()
+        back, recording off, the process-wide state cleared (what a test between two tests
+        needs)."""
+        for sink in self.sinks:
+            sink.abandon()
         for sig, previous in self._previous.items():
             try:
                 signal.signal(sig, previous)
             except (ValueError, OSError, TypeError):
                 pass
         registered = self._atexit
-        self.__init__()  # type: ignore[misc]
+        state = self.state
+        state.clear()
+        self.__init__(state)  # type: ignore[misc]
         self._atexit = registered
 
     def _register_atexit(self) -> None:
@@ -469,7 +523,7 @@ class Session:
             self._atexit = True
 
     def _at_exit(self) -> None:
-        rec = record.ACTIVE
+        rec = self.recorder
         if rec is None:
             return
         try:
@@ -641,14 +695,12 @@ def _run_id_from_env(config: Config) -> str | None:
     return None
 
 
-def _shared_run_id(group: Any) -> str | None:
+def _shared_run_id(group: Any, gloo_groups: dict[int, object]) -> str | None:
     """Rank 0's id, given to every rank (a collective, called from sync_clocks)."""
     import torch
     import torch.distributed as dist
 
-    from gputrace import dist as gdist
-
-    g = gdist._gloo_group(dist, group)  # through gloo, whatever the default is
+    g = gloo_group(dist, group, gloo_groups)  # through gloo, whatever the default is
     ranks = dist.get_process_group_ranks(g) if g is not None else list(range(dist.get_world_size()))
     # 128 bits as two int64 (object collectives would need numpy, which torch does not require).
     mine = uuid.uuid4().int
@@ -722,9 +774,17 @@ def sync_clocks(group: Any = None, exchanges: int = 16) -> ClockSync | None:
     return SESSION.sync_clocks(group, exchanges)
 
 
+def gather_digests(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
+    """Collective (every rank of `group` calls it, after `gputrace.save()`): each rank's digest
+    goes to rank `dst`, which writes them all into `out_dir` (default: its output directory) as
+    `digest_rank{R}.digest`, so that `gputrace summary` there reads every rank without their
+    traces. Returns the paths written (on `dst`; an empty list elsewhere)."""
+    return SESSION.gather_digests(out_dir, group, dst)
+
+
 def trace() -> Trace:
     """Everything recorded so far, not yet streamed, as a `Trace` (waits for the GPU)."""
-    rec = record.ACTIVE
+    rec = SESSION.recorder
     if rec is None:
         raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
     with SESSION.lock:

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-import gputrace
-from gputrace import record, session
+from gputrace import session
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.record import Recorder
@@ -38,8 +37,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 @pytest.fixture(autouse=True)
 def validate_written_traces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every trace a test writes (saved or merged) must pass `gputrace validate`."""
-    from gputrace.digest import is_digest_path
     from gputrace.trace import files
+    from gputrace.trace.digestfile import is_digest_path
     from gputrace.validate import format_report, validate_file
 
     real = files.publish
@@ -67,14 +66,9 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _reset() -> None:
-    record.LAZY = None
-    record.CAPTURES[0] = 0
-    record.capture_changed(0)
-    record.set_recorder(None, None)
-    record._warned.clear()
-    record._disabled.clear()
+    # One object holds the process-wide state (recorders, captures, warnings given, disabled
+    # handles, the last digest, gloo groups, timers): closing the session clears it.
     session.SESSION.close()
-    gputrace.timer._timers.clear()
 
 
 def fake_clock(fake: FakeDevice) -> HostClock:

@@ -110,7 +110,7 @@ def fake_gpu(shift_ns: int) -> None:
             pass
 
     gdist.PROBE = Probe
-    gdist._probe_device = lambda dist, group: 0  # gloo's all-reduce plays NCCL's
+    gdist._probe_device = lambda dist, group, rec: 0  # gloo's all-reduce plays NCCL's
     syncs = [gputrace.sync_clocks(exchanges=8) for _ in range(2)]
     line = {
         "rank": dist.get_rank(),

@@ -21,9 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 import gputrace
-from gputrace import digest, merge, stats
+from gputrace import digest, merge, session, stats, summary
 from gputrace.cli import main
 from gputrace.clock import HostClock
+from gputrace.trace import digestfile
 from gputrace.trace.model import Trace
 
 from .conftest import _reset, run_rank_processes
@@ -148,7 +149,7 @@ def full_summary(paths: list[str], skip: int = 0) -> stats.Summary:
 
 
 def digest_summary(paths: list[str], skip: int = 0) -> stats.Summary:
-    return digest.summarize(digest.collect(digest.find(paths), "step"), "step", skip)[1]
+    return summary.summarize(summary.collect(summary.find(paths), "step"), "step", skip)[1]
 
 
 # ---- the tests ----------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def test_a_recording_writes_its_digest_beside_its_trace(job: Path) -> None:
     files = sorted(os.listdir(job))
     assert files == [f"digest_rank{r}.digest" for r in range(WORLD)] + [f"trace_rank{r}.json" for r in range(WORLD)]
     doc = orjson.loads((job / "digest_rank0.digest").read_bytes())
-    assert doc["format"] == digest.FORMAT and doc["rank"] == 0 and doc["world_size"] == WORLD
+    assert doc["format"] == digestfile.FORMAT and doc["rank"] == 0 and doc["world_size"] == WORLD
     assert doc["run_id"] == "digest-test" and doc["step_name"] == "step"
     assert doc["trace"] == "trace_rank0.json" and doc["trace_bytes"] == os.path.getsize(job / "trace_rank0.json")
     names = doc["names"]
@@ -342,26 +343,26 @@ def test_a_run_too_long_to_wait_for_its_steps_is_not_split(job: Path, monkeypatc
     monkeypatch.setattr(digest, "BATCH_SPANS", 16)
     monkeypatch.setattr(digest, "BUFFER_SPANS", 30)  # less than the 17 steps the split waits for
 
-    def chunked(p: str) -> digest.RankDigest:
+    def chunked(p: str) -> digestfile.RankDigest:
         b = digest.Builder("step")
         trace = merge.read_trace(p)
         for part in chunks(trace, 16):
             b.add(part)
         meta = dict(trace.rank_process(trace.ranks[0]).metadata)
-        return digest.from_document(b.document(meta, trace.metadata["base_ns"], "r", p), p)
+        return digestfile.from_document(b.document(meta, trace.metadata["base_ns"], "r", p), p)
 
     digests = [chunked(p) for p in paths]
     assert not any(d.warmup_exact for d in digests)
-    _, s = digest.summarize(digests, "step", 0)
+    _, s = summary.summarize(digests, "step", 0)
     assert_same(full_summary(paths), s, approximate={"fwd", "op", "opt"})
     with pytest.raises(gputrace.GputraceError, match="summarized already"):
-        digest.summarize(digests, "step", 0)
+        summary.summarize(digests, "step", 0)
     # A trace digested whole (fed in batches) keeps its warm-up exact while its first steps fit
     # the buffer, as they do by default.
     monkeypatch.setattr(digest, "BUFFER_SPANS", 1 << 18)
-    whole = digest.from_document(digest.from_trace(merge.read_trace(paths[0])), paths[0])
+    whole = digestfile.from_document(digest.from_trace(merge.read_trace(paths[0])), paths[0])
     monkeypatch.setattr(digest, "BUFFER_SPANS", 30)
-    _, s = digest.summarize([whole, *map(chunked, paths[1:])], "step", 3)
+    _, s = summary.summarize([whole, *map(chunked, paths[1:])], "step", 3)
     full = full_summary(paths, 3)
     assert s.steps == full.steps and s.collectives == full.collectives
     assert any("ranks 1-3 include their warm-up" in n for n in s.notes)
@@ -409,30 +410,32 @@ def test_a_stale_or_missing_digest_is_computed_from_its_trace(
     with open(tmp_path / "trace_rank2.json", "ab") as f:
         f.write(b" ")  # the trace changed after its digest was written
     paths = [str(tmp_path / f"trace_rank{r}.json") for r in range(WORLD)]
-    s = digest.summary_of_files(paths)  # not every rank has one: few ranks, so the full traces
+    s = summary.summary_of_files(paths)  # not every rank has one: few ranks, so the full traces
     assert s.notes[0] == "read from the full traces"
-    monkeypatch.setattr(digest, "DIGEST_MIN_RANKS", 2)  # many ranks: digests, the others computed
-    s = digest.summary_of_files(paths)
+    monkeypatch.setattr(summary, "DIGEST_MIN_RANKS", 2)  # many ranks: digests, the others computed
+    s = summary.summary_of_files(paths)
     assert "ranks 1-2 had no digest as new as their trace" in s.notes[0]
     assert_same(full_summary(paths), dataclasses.replace(s, notes=s.notes[1:]), approximate={"fwd", "op", "opt"})
     # A digest cut short (the machine went down before it reached the disk) is made again too.
     (tmp_path / "digest_rank3.digest").write_bytes(b"")
-    s = digest.summary_of_files(paths)
+    s = summary.summary_of_files(paths)
     assert "ranks 1-3 had no digest as new as their trace" in s.notes[0]
     assert_same(full_summary(paths), dataclasses.replace(s, notes=s.notes[1:]), approximate={"fwd", "op", "opt"})
 
 
 def test_digests_follow_merge_checks(tmp_path: Path, job: Path) -> None:
     """Mixed runs and the same rank twice are the errors merge makes of them."""
-    d0 = digest.read(str(job / "digest_rank0.digest"))
+    d0 = digestfile.read(str(job / "digest_rank0.digest"))
     other = tmp_path / "digest_rank0.digest"
     other.write_bytes((job / "digest_rank0.digest").read_bytes())
     with pytest.raises(gputrace.MergeError, match="rank 0 appears twice"):
-        digest.load([d0, digest.read(str(other))])
+        summary.load([d0, digestfile.read(str(other))])
     doc = orjson.loads((job / "digest_rank1.digest").read_bytes())
     doc["metadata"]["run_id"] = "another-run"
     with pytest.raises(gputrace.MergeError, match="different runs"):
-        digest.load([digest.read(str(job / "digest_rank0.digest")), digest.from_document(doc, "x/digest_rank1.digest")])
+        summary.load(
+            [digestfile.read(str(job / "digest_rank0.digest")), digestfile.from_document(doc, "x/digest_rank1.digest")]
+        )
     bad = tmp_path / "cut" / "digest_rank0.digest"
     bad.parent.mkdir()
     bad.write_bytes((job / "digest_rank0.digest").read_bytes()[:500])
@@ -442,7 +445,7 @@ def test_digests_follow_merge_checks(tmp_path: Path, job: Path) -> None:
 
 def test_a_step_name_other_than_the_digests_reads_the_traces(job: Path) -> None:
     paths = [str(job / f"trace_rank{r}.json") for r in range(WORLD)]
-    s = digest.summary_of_files(paths, step="fwd")
+    s = summary.summary_of_files(paths, step="fwd")
     assert s.notes[0].startswith("read from the full traces (the digests mark steps with 'step'")
     assert s.steps is not None and s.steps.name == "fwd"
 
@@ -456,7 +459,7 @@ def test_the_step_name_option_marks_the_digests_steps(tmp_path: Path) -> None:
     gputrace.save()
     doc = orjson.loads((tmp_path / "digest_rank0.digest").read_bytes())
     assert doc["step_name"] == "iteration" and len(doc["spans"]["name"]) == 3
-    s = digest.summary_of_files([str(tmp_path)])  # no --step: the digests' own step name
+    s = summary.summary_of_files([str(tmp_path)])  # no --step: the digests' own step name
     assert s.steps is not None and s.steps.name == "iteration" and s.steps.count == 3
     assert s.notes[0].startswith("read from the ranks' digests (1 rank)")
     _reset()
@@ -469,7 +472,7 @@ def test_the_step_name_option_marks_the_digests_steps(tmp_path: Path) -> None:
             pass
     gputrace.save()
     with pytest.raises(stats.UnknownStepError, match="no span is named 'iteration'.*: 'fwd', 'bwd'"):
-        digest.summary_of_files([str(tmp_path / "nosteps")], step="iteration")
+        summary.summary_of_files([str(tmp_path / "nosteps")], step="iteration")
 
 
 def test_a_perfetto_stream_writes_its_digest_too(tmp_path: Path) -> None:
@@ -501,7 +504,7 @@ def test_sigterm_finishes_the_trace_and_writes_the_digest(tmp_path: Path) -> Non
     proc.terminate()
     proc.communicate(timeout=60)
     trace = str(tmp_path / "trace_rank0.json")
-    d = digest.read(str(tmp_path / "digest_rank0.digest"))
+    d = digestfile.read(str(tmp_path / "digest_rank0.digest"))
     assert d.trace_bytes == os.path.getsize(trace)
     assert_same(full_summary([trace]), digest_summary([trace]), approximate={"op"})
 
@@ -532,7 +535,7 @@ def worker(out: str, shift_ns: int) -> None:
         gputrace.flush()
     gputrace.sync_clocks(exchanges=8)
     gputrace.save()
-    written = digest.gather(out_dir=os.path.join(out, "rank0"))
+    written = session.gather_digests(out_dir=os.path.join(out, "rank0"))
     print(orjson.dumps({"rank": rank, "gathered": written}).decode(), flush=True)
     dist.destroy_process_group()
 

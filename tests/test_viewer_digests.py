@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gputrace import digest
+from gputrace import digest, summary
 from gputrace.cli import main
 from gputrace.trace import chrome
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.viewer import data, server
 
 BASE = 1_764_000_000_000_000_000
-RANKS = digest.DIGEST_MIN_RANKS  # as many as the summary reads digests for
+RANKS = summary.DIGEST_MIN_RANKS  # as many as the summary reads digests for
 STEP = 10_000_000  # 10 ms steps
 SLOW = (7, 2)  # rank 7 is slow in step 2
 

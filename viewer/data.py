@@ -143,13 +143,13 @@ def from_digests(
     summary` reads digests for (else None: read the traces). Its heatmap, collectives and
     statistics come from the digests; the timeline reads trace files one window at a time
     (`server.WindowedViewer`), starting with the first steps."""
-    from gputrace import digest
+    from gputrace.summary import DIGEST_MIN_RANKS, collect, find, summarize
 
-    found = digest.find(paths)
-    if found.ranks < digest.DIGEST_MIN_RANKS or not found.traces:
+    found = find(paths)
+    if found.ranks < DIGEST_MIN_RANKS or not found.traces:
         return None
-    digests = digest.collect(found, step)
-    trace, summary = digest.summarize(digests, step, skip_steps, require_step=require_step)
+    digests = collect(found, step)
+    trace, summary = summarize(digests, step, skip_steps, require_step=require_step)
     doc = document(trace, summary, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
     doc["spans"] = sum(r.count for r in summary.names)
     st = summary.steps

@@ -1,0 +1,208 @@
+"""The session as the one owner of process-wide state, the sinks it feeds through one protocol,
+and the import graph: no circles, nothing below the facades importing the session."""
+
+from __future__ import annotations
+
+import ast
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gputrace
+from gputrace import digest, record, session
+from gputrace.sinks import Sink, StreamSink
+from gputrace.state import State
+from gputrace.trace import chrome
+from gputrace.trace.model import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ToySink:
+    """A sink that remembers what it was fed."""
+
+    def __init__(self) -> None:
+        self.chunks: list[int] = []  # spans per chunk
+        self.finished: list[dict[str, Any]] = []
+        self.abandoned = 0
+
+    def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
+        self.chunks.append(len(chunk.spans))
+
+    def finish(self, header: dict[str, Any]) -> None:
+        self.finished.append(header)
+
+    def abandon(self) -> None:
+        self.abandoned += 1
+
+
+def test_closing_the_session_resets_every_piece_of_state() -> None:
+    s = session.SESSION
+    state = s.state
+    assert record.STATE is state  # the session's state is the one installed below it
+    gputrace.enable(cuda=False)
+    with gputrace.span("x"):
+        pass
+    gputrace.disable()
+    gputrace.span("recording off")  # a shared disabled handle, remembered
+    gputrace.timer("t")
+    with pytest.warns(gputrace.GputraceWarning):
+        record.warn_once("test-key", "a warning given once")
+    record.capture_changed(+1)
+    state.lazy = lambda: None
+    state.last_digest = "somewhere.digest"
+    state.gloo_groups[1] = object()
+    assert state.active is not None and state.disabled and state.timers and "test-key" in state.warned
+    assert state.captures == 1
+    s.close()
+    assert s.state is state and record.STATE is state
+    assert state.recorder is None and state.active is None and state.lazy is None
+    assert record.RECORDER is None and record.ACTIVE is None  # the hot path's copies follow
+    assert state.captures == 0 and not state.warned and not state.disabled
+    assert state.last_digest is None and not state.gloo_groups and not state.timers
+    assert "t" not in gputrace.timer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record.warn_once("test-key", "given again after the reset")
+    assert len(caught) == 1
+
+
+def test_a_fresh_state_installs_with_recording_off() -> None:
+    gputrace.enable(cuda=False)
+    assert record.RECORDER is not None
+    fresh = State()
+    old = record.STATE
+    try:
+        record.install_state(fresh)
+        assert record.RECORDER is None and record.ACTIVE is None
+        with gputrace.span("nothing"):  # recording off: records nowhere
+            pass
+    finally:
+        record.install_state(old)
+    assert record.RECORDER is not None
+
+
+def test_the_stream_and_its_digest_are_fed_as_sinks(tmp_path: Path) -> None:
+    gputrace.enable(out_dir=str(tmp_path), cuda=False)
+    with gputrace.span("step"):
+        pass
+    gputrace.flush()
+    sinks = session.SESSION.sinks
+    assert [type(x) for x in sinks] == [StreamSink, digest.StreamDigest]
+    toy = ToySink()
+    sinks.append(toy)
+    checked: Sink = toy  # the protocol, as the type checker sees it
+    assert checked is toy
+    for _ in range(2):
+        with gputrace.span("step"):
+            with gputrace.span("fwd"):
+                pass
+        gputrace.flush()
+    assert toy.chunks == [2, 2]
+    path = gputrace.save()
+    assert toy.chunks[:2] == [2, 2] and sum(toy.chunks) == 4  # then save's flush and the open spans (none)
+    assert len(toy.finished) == 1 and toy.finished[0]["metadata"]["spans"] == 5
+    assert len(chrome.read(path).spans) == 5
+    written = digest.digest_path(path)
+    assert os.path.isfile(written) and session.SESSION.state.last_digest == written
+    gputrace.reset()
+    assert toy.abandoned == 1 and session.SESSION.sinks == []
+
+
+def test_a_failing_digest_costs_neither_the_flush_nor_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: digest.Builder, trace: Trace, lo: int = 0, hi: int | None = None) -> None:
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(digest.Builder, "add", broken)
+    gputrace.enable(out_dir=str(tmp_path), cuda=False)
+    with pytest.warns(gputrace.GputraceWarning, match="could not keep the step digest: no room"):
+        with gputrace.span("step"):
+            pass
+        gputrace.flush()
+    path = gputrace.save()
+    assert len(chrome.read(path).spans) == 1
+    assert not os.path.exists(digest.digest_path(path)) and session.SESSION.state.last_digest is None
+
+
+def test_a_trace_saved_whole_gets_its_digest_through_a_sink(tmp_path: Path) -> None:
+    gputrace.enable(cuda=False)
+    with gputrace.span("step"):
+        pass
+    gputrace.save(str(tmp_path / "t.json"))
+    assert session.SESSION.state.last_digest == str(tmp_path / "t.digest")
+    assert os.path.isfile(str(tmp_path / "t.digest"))
+
+
+# ---- the import graph ----------------------------------------------------------------------------
+
+FACADES = {"gputrace", "gputrace.session", "gputrace._startup", "gputrace._timer"}
+# The modules this shape owns: none of them may sit on an import circle.
+CHECKED = {
+    "gputrace.digest",
+    "gputrace.dist",
+    "gputrace.session",
+    "gputrace.sinks",
+    "gputrace.state",
+    "gputrace.stats",
+    "gputrace.summary",
+    "gputrace.trace.digestfile",
+    "gputrace._timer",
+}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """gputrace's modules -> the gputrace modules each imports, at module level or in a function."""
+    mods: dict[str, Path] = {}
+    for p in (ROOT / "gputrace").rglob("*.py"):
+        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = p
+
+    def known(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for n in names:
+                target = known(n)
+                if target is not None and target != m and not m.startswith(target + "."):
+                    graph[m].add(target)
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        m = todo.pop()
+        if m == goal:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return False
+
+
+def test_no_import_circles_and_nothing_below_the_facades_imports_the_session() -> None:
+    graph = _import_graph()
+    assert not [m for m in CHECKED if _reaches(graph, m, m)]
+    assert {m for m, targets in graph.items() if "gputrace.session" in targets} <= FACADES
+    assert "gputrace.record" not in graph["gputrace.dist"]  # dist is handed the recorder
+    assert graph["gputrace.state"] == set()  # the state sits below everything
