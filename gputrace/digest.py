@@ -52,8 +52,9 @@ import orjson
 from gputrace import stats
 from gputrace.errors import GputraceError, GputraceWarning, TraceFormatError
 from gputrace.trace import chrome
-from gputrace.trace.files import TRACE_GLOBS, atomic_writer
+from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Process, SpanColumns, Trace, Track
+from gputrace.trace.registry import TRACE_GLOBS
 
 FORMAT = "gputrace-digest/1"
 #: Name statistics leave out the warm-up exactly for `skip_steps` up to this many steps.
