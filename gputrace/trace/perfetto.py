@@ -157,7 +157,8 @@ def encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> b
 def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
     """The whole trace in pieces of whole packets (memory: one batch of packets at a time beyond
     the columns, the layout and each track's span order)."""
-    plan = plan_write(trace, base_ns, ordered, writer=ProcessLayout)  # the same base, pids and lanes as the JSON writer
+    # The same base, pids, tids and lanes as the JSON writer (its tracks' descriptions aside).
+    plan = plan_write(trace, base_ns, ordered, writer=ProcessLayout)
     base_ns, pid_of, pieces, meta = plan.base_ns, plan.pid_of, plan.pieces, plan.metadata
     info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
     header = {"baseTimeNanoseconds": base_ns, "distributedInfo": info, "metadata": meta}
