@@ -34,9 +34,12 @@ import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputrace.errors import GputraceError, TraceFormatError
+
+if TYPE_CHECKING:
+    from gputrace.trace.model import Process, Trace
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -75,17 +78,18 @@ class Format:
         except ImportError as e:
             raise GputraceError(f"cannot write {path}: writing {self.name} needs {self.module} ({e})") from None
 
-    def read(self, path: str, data: bytes | None = None) -> Any:
-        return self._reader(path).read(path, data)
+    def read(self, path: str, data: bytes | None = None) -> Trace:
+        trace: Trace = self._reader(path).read(path, data)
+        return trace
 
     def read_header(self, path: str) -> dict[str, Any]:
         header: dict[str, Any] = self._reader(path).read_header(path)
         return header
 
-    def write(self, trace: Any, path: str, **options: Any) -> None:
+    def write(self, trace: Trace, path: str, **options: Any) -> None:
         self._writer(path).write(trace, path, **options)
 
-    def stream_writer(self, path: str, base_ns: int, process: Any, header: dict[str, Any]) -> Any:
+    def stream_writer(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> Any:
         return self._writer(path).StreamWriter(path, base_ns, process, header)
 
     def capability(self, name: str, path: str = "") -> Callable[..., Any] | None:
@@ -161,7 +165,7 @@ def detect(path: str, head: bytes | None = None) -> Format:
     return by_extension(path) or _FORMATS[DEFAULT]
 
 
-def read(path: str, data: bytes | None = None) -> Any:
+def read(path: str, data: bytes | None = None) -> Trace:
     """One trace file of any registered format, as a `Trace`."""
     return detect(path, data[:64] if data is not None else None).read(path, data)
 
