@@ -162,3 +162,19 @@ def test_a_toy_format_merges(tmp_path: Path, toy: registry.Format, out: str, mon
     assert len(merged.spans) == 2 * 6
     report = validate_file(str(tmp_path / out))
     assert report.ok, format_report(report)
+
+
+def test_the_perfetto_format_and_the_layout_import_nothing_of_the_json_format() -> None:
+    """The layout every writer shares is format-neutral: neither it nor the Perfetto writer
+    reaches into chrome.py (which once held the layout, and lent perfetto.py its private names)."""
+    import ast
+
+    from gputrace.trace import layout, perfetto
+
+    for module in (layout, perfetto):
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not {m for m in imported if m and m.endswith("chrome")}, module.__name__
