@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from gputrace.errors import GputraceError
+from gputrace.trace import registry
 from gputrace.version import __version__
 
 
@@ -171,7 +172,7 @@ def summary(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "perfetto"]),
+    type=click.Choice(registry.names()),
     default=None,
     help="the output's format  [default: by the extension of --out]",
 )

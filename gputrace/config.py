@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gputrace.errors import ConfigError
+from gputrace.trace import registry
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -117,7 +118,7 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
         return number
     if name == "format":
         fmt = str(value).strip().lower()
-        if fmt not in ("json", "perfetto"):
-            raise ConfigError(f"option format={value!r}: expected json or perfetto")
+        if fmt not in registry.names():
+            raise ConfigError(f"option format={value!r}: expected {' or '.join(registry.names())}")
         return fmt
     return str(value) if value is not None else None

@@ -175,8 +175,11 @@ def clear_previous(out_dir: str) -> list[str]:
     a run with fewer ranks never merges or summarises a stale rank. Returns what was removed."""
     import glob
 
+    from gputrace.trace import registry
+
+    merged = [f"merged{fmt.extension}" for fmt in registry.formats()]
     removed = []
-    for pattern in ("trace_rank*.json", "trace_rank*.pftrace", "digest_rank*.digest", "merged.json", "merged.pftrace"):
+    for pattern in (*registry.rank_file_globs(), "digest_rank*.digest", *merged):
         for path in glob.glob(os.path.join(out_dir, pattern)):
             os.remove(path)
             removed.append(path)

@@ -47,8 +47,7 @@ from gputrace.record import Recorder
 from gputrace.resolve import SpanStore
 from gputrace.sinks import Sink, StreamSink
 from gputrace.state import State
-from gputrace.trace import chrome
-from gputrace.trace.files import format_for_path
+from gputrace.trace import chrome, registry
 from gputrace.trace.model import CounterColumns, Process, SpanColumns, Trace, Track
 from gputrace.version import __version__
 
@@ -308,7 +307,7 @@ class Session:
 
     def stream_path(self, directory: str) -> str:
         rank = rank_info(self.config.rank).rank
-        ext = ".pftrace" if self.config.format == "perfetto" else ".json"
+        ext = registry.get(self.config.format).extension
         return os.path.join(directory, f"trace_rank{rank}{ext}")
 
     def _open_stream(self, rec: Recorder) -> Any:
@@ -396,8 +395,8 @@ class Session:
         rec = self.recorder
         if rec is None:
             raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
-        fmt = format_for_path(target, format) if (format or not os.path.isdir(target)) else None
-        is_file = os.path.splitext(target)[1] in (".json", ".pftrace", ".perfetto-trace", ".pb")
+        fmt = registry.for_path(target, format) if (format or not os.path.isdir(target)) else None
+        is_file = registry.by_extension(target) is not None  # any registered extension: a file
         with self.lock:
             self.flush(wait=True)
             if self.config.out_dir:  # streaming: the file is on disk already
@@ -408,11 +407,11 @@ class Session:
                 if not is_file:
                     target = os.path.join(target, os.path.basename(streamed))
                 if os.path.abspath(target) != os.path.abspath(streamed):
-                    _convert(streamed, target, fmt or format_for_path(target))
+                    _convert(streamed, target, fmt or registry.for_path(target))
                 return target
             if not is_file:
                 rank = rank_info(self.config.rank).rank
-                ext = ".pftrace" if (format and format_for_path("x", format) == "perfetto") else ".json"
+                ext = registry.get(format or registry.DEFAULT).extension
                 target = os.path.join(target, f"trace_rank{rank}{ext}")
             trace = self.snapshot(rec)
             # The sinks of a trace saved whole: fed it while it reaches the disk, finished once
@@ -428,7 +427,7 @@ class Session:
             write_trace(
                 trace,
                 target,
-                fmt or format_for_path(target),
+                fmt or registry.for_path(target),
                 feed,
             )
             if not fed:
@@ -581,71 +580,18 @@ def _cuda_available() -> bool:
 
 
 def _stream_class(fmt: str) -> Any:
-    if fmt == "perfetto":
-        from gputrace.trace import perfetto
-
-        return perfetto.StreamWriter
-    return chrome.StreamWriter
+    """What opens a stream writer of the format called `fmt` (path, base_ns, process, header)."""
+    return registry.get(fmt).stream_writer
 
 
-def write_trace(trace: Trace, path: str, fmt: str, meanwhile: Callable[[], object] | None = None) -> None:
-    """`trace` to `path` atomically; `meanwhile` runs before the file is in place (while the
-    JSON file reaches the disk)."""
-    if fmt == "perfetto":
-        from gputrace.trace import perfetto
-
-        if meanwhile is not None:
-            meanwhile()
-        if len(trace.spans) > 4 * 16384:  # large: piece by piece, memory near the spans held
-            _write_perfetto_in_pieces(trace, path)
-        else:  # small: one pass, which compresses a small file better
-            perfetto.write(trace, path, ordered=True)
-    else:
-        chrome.write(trace, path, ordered=True, meanwhile=meanwhile)
+def write_trace(trace: Trace, path: str, fmt: registry.Format, meanwhile: Callable[[], object] | None = None) -> None:
+    """`trace` to `path` atomically in `fmt`; `meanwhile` runs before the file is in place (while
+    the JSON file reaches the disk)."""
+    fmt.write(trace, path, ordered=True, meanwhile=meanwhile)
 
 
-def _write_perfetto_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:
-    """A rank's trace as protobuf, written the way a streamed run writes it: piece by piece in
-    the order the spans ended, so memory stays near the spans held (the whole-trace writer
-    orders each track at once). Atomic: a temporary file renamed over `path` when finished."""
-    import tempfile
-
-    from gputrace.trace import perfetto
-    from gputrace.trace.files import publish
-
-    rng = trace.time_range()
-    base = rng[0] if rng else 0
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
-    os.close(fd)
-    info = trace.metadata.get("world_size")
-    process = trace.processes[0]
-    header = {
-        "distributedInfo": {"rank": process.rank, "world_size": info},
-        "metadata": {k: v for k, v in trace.metadata.items() if k != "base_ns"},
-    }
-    try:
-        writer = perfetto.StreamWriter(tmp, base, process, header)
-        n = len(trace.spans)
-        for lo in range(0, max(n, 1), piece):
-            counters = range(len(trace.counters)) if lo == 0 else ()
-            writer.append(trace, range(lo, min(lo + piece, n)), counters)
-        header["metadata"]["overflow_tracks"] = writer.overflow_tracks()
-        writer.finish(header)
-        publish(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _convert(src: str, dst: str, fmt: str) -> None:
-    from gputrace.trace.files import detect
-
-    if fmt == detect(src):
+def _convert(src: str, dst: str, fmt: registry.Format) -> None:
+    if fmt is registry.detect(src):
         import shutil
 
         from gputrace.trace.files import atomic_writer
@@ -653,10 +599,7 @@ def _convert(src: str, dst: str, fmt: str) -> None:
         with open(src, "rb") as f, atomic_writer(dst) as out:
             shutil.copyfileobj(f, out, 16 << 20)
         return
-    from gputrace.trace import perfetto
-
-    trace = perfetto.read(src) if detect(src) == "perfetto" else chrome.read(src)
-    write_trace(trace, dst, fmt)
+    write_trace(registry.read(src), dst, fmt)
 
 
 def _clamp_to_base(trace: Trace, base: int) -> None:

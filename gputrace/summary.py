@@ -33,8 +33,8 @@ from gputrace.trace.digestfile import (
     read,
     step_name_of,
 )
-from gputrace.trace.files import TRACE_GLOBS
 from gputrace.trace.model import Trace
+from gputrace.trace.registry import TRACE_GLOBS
 
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).

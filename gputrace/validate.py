@@ -1,9 +1,13 @@
 """Validation: will Perfetto load this trace the way it was meant?
 
-Takes: a trace file (Chrome JSON written by gputrace or any other tool, or Perfetto protobuf), or
-a Chrome trace already parsed into a dict. Gives: a `Report` of errors (Perfetto rejects the
-file, or drops, spills or misplaces events, and says so in its import errors) and warnings (it
-loads, but not quite as meant).
+Takes: a trace file (Chrome JSON written by gputrace or any other tool, Perfetto protobuf, or any
+format in the registry), or a Chrome trace already parsed into a dict. Gives: a `Report` of errors
+(Perfetto rejects the file, or drops, spills or misplaces events, and says so in its import
+errors) and warnings (it loads, but not quite as meant).
+
+A format whose module offers raw Chrome JSON events (`parse`, a capability in the registry) is
+checked event by event by the rules below; any other format is read into the trace model, whose
+spans must end after they start and nest on every track.
 
 The rules are Perfetto's own, from its JSON importer (json_trace_tokenizer.cc, json_trace_parser.cc,
 slice_tracker.cc, trace_sorter), not gputrace's habits, so another tool's trace that the UI loads
@@ -28,9 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputrace.errors import TraceFormatError
-from gputrace.trace import chrome
-from gputrace.trace.files import detect, read_bytes
+from gputrace.trace import registry
+from gputrace.trace.files import read_bytes
 
 UINT32 = 2**32
 MAX_EXACT_TS_US = 2**53 / 1000  # beyond this a double cannot hold every nanosecond
@@ -57,14 +60,16 @@ def validate_file(path: str, limit: int = 20) -> Report:
     """Check one file; at most `limit` problems of each kind are listed (the count is kept)."""
     data = read_bytes(path)
     report = Report(path)
-    if detect(path, data[:64]) == "perfetto":
-        return _validate_proto(path, data, report, limit)
+    fmt = registry.detect(path, data[:64])
+    parse = fmt.capability("parse", path)
+    if parse is None:  # no raw Chrome events: what its reader makes of it
+        return _validate_model(fmt, path, data, report, limit)
     sniff = bytes(b for b in data[:SNIFF_BYTES] if b not in b" \t\n\r\v\f")
     if not (sniff.startswith(b'{"') or sniff.startswith(b'[{"')):
         report.errors.append(
             'the file does not start with {" or [{" (whitespace aside): Perfetto will not recognise it as JSON'
         )
-    header, events = chrome.parse(path, data)  # also a file cut off: its complete events
+    header, events = parse(path, data)  # also a file cut off: its complete events
     trace: dict[str, Any] = {**header, "traceEvents": events}
     trace.setdefault("metadata", {})
     complete = not header.get("_cut")
@@ -187,13 +192,10 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
     return report
 
 
-def _validate_proto(path: str, data: bytes, report: Report, limit: int) -> Report:
-    """A Perfetto protobuf file: readable, and its slices nest and run forwards on each track."""
-    try:
-        from gputrace.trace import perfetto
-    except ImportError:
-        raise TraceFormatError(path, "a Perfetto protobuf trace, which this gputrace cannot read") from None
-    trace = perfetto.read(path, data)
+def _validate_model(fmt: registry.Format, path: str, data: bytes, report: Report, limit: int) -> Report:
+    """A file of a format without raw Chrome events (Perfetto protobuf, say): readable, and its
+    slices nest and run forwards on each track."""
+    trace = fmt.read(path, data)
     report.own = "gputrace_version" in trace.metadata or bool(trace.metadata.get("merged"))
     errors: list[str] = []
     sp = trace.spans

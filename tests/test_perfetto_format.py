@@ -25,7 +25,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import gputrace
 from gputrace.errors import TraceFormatError
-from gputrace.trace import chrome, perfetto
+from gputrace.trace import chrome, layout, perfetto
 from gputrace.trace.files import detect
 from gputrace.trace.model import Process, Trace, Track
 
@@ -225,9 +225,9 @@ def counters_of(trace: Trace) -> list[tuple[Any, ...]]:
 
 
 def small_pieces(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
-    """Both writers lay out in pieces of `step` spans (through chrome.plan_write): nesting across pieces."""
-    piece = functools.partial(chrome.layout_pieces, step=step)
-    monkeypatch.setattr(chrome, "layout_pieces", piece)
+    """Both writers lay out in pieces of `step` spans (through layout.plan_write): nesting across pieces."""
+    piece = functools.partial(layout.layout_pieces, step=step)
+    monkeypatch.setattr(layout, "layout_pieces", piece)
 
 
 # ---- the file -----------------------------------------------------------------------------------

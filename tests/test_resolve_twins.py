@@ -266,7 +266,7 @@ def encodings(trace: Any, pieces: int) -> tuple[bytes, bytes]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_c_layout_and_encoder_write_what_the_python_ones_write(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputrace.trace import chrome
+    from gputrace.trace import chrome, layout
 
     if chrome._encode_rows is None:
         pytest.skip("the C encoder is not built or not in use")
@@ -275,7 +275,7 @@ def test_the_c_layout_and_encoder_write_what_the_python_ones_write(seed: int, mo
         c = encodings(trace, pieces)
         with monkeypatch.context() as m:
             m.setattr(chrome, "_encode_rows", None)
-            m.setattr(chrome, "_nest_tracks", None)
+            m.setattr(layout, "_nest_tracks", None)
             py = encodings(trace, pieces)
         assert c == py
     assert b"(overflow 1)" in c[0]  # the crossing spans took the general layout
@@ -283,7 +283,7 @@ def test_the_c_layout_and_encoder_write_what_the_python_ones_write(seed: int, mo
 
 @pytest.mark.parametrize("seed", range(3))
 def test_nested_pieces_take_the_c_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputrace.trace import chrome
+    from gputrace.trace import chrome, layout
 
     if chrome._encode_rows is None:
         pytest.skip("the C encoder is not built or not in use")
@@ -296,7 +296,7 @@ def test_nested_pieces_take_the_c_path(seed: int, monkeypatch: pytest.MonkeyPatc
     assert len(calls) >= 6  # the whole trace, and each of the 5 appends (twice where orjson refuses args)
     with monkeypatch.context() as m:
         m.setattr(chrome, "_encode_rows", None)
-        m.setattr(chrome, "_nest_tracks", None)
+        m.setattr(layout, "_nest_tracks", None)
         assert c == encodings(trace, 5)
 
 

@@ -11,7 +11,8 @@ What the writer guarantees, because Perfetto's importer punishes the alternative
   closed before an inner one, two threads on one stream) goes to an overflow track beside it.
 - pid = rank + 1 (pid 0 is Perfetto's kernel "swapper"), named with `process_name` and ordered
   by rank; tracks are small tids named with `thread_name`, never equal to the pid (Perfetto
-  draws the tid that equals the pid first, as the "main thread").
+  draws the tid that equals the pid first, as the "main thread"). The pids, tids and lanes
+  come from `layout.py`, which the Perfetto writer shares, so both formats draw the same tracks.
 - `"rank": R` is written with a space after the colon, the way Kineto writes it: HTA finds a
   trace's rank with the pattern `"rank":\\s+(\\d+)`.
 
@@ -19,14 +20,14 @@ Streaming (`StreamWriter`): while recording, the file is the array form `[{...},
 which Perfetto and this reader load even without its closing bracket, so a process killed at any
 instant leaves a loadable file. The header travels as a `gputrace` metadata event. `finish()`
 rewrites the file atomically into the object form (header first, then the same event bytes).
+
+Beyond what every format offers (see `registry.py`), `parse` gives a file's raw events, which
+`validate` checks against the rules of Perfetto's JSON importer.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import os
-import re
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -35,6 +36,18 @@ import orjson
 
 from gputrace.errors import TraceFormatError
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
+from gputrace.trace.layout import (
+    CUDA_TRACK,
+    ProcessLayout,
+    is_columns,
+    lane_name,
+    lane_sort,
+    pid_key,
+    plan_write,
+    update_header,
+)
+from gputrace.trace.layout import Layout as Layout  # re-exported: merge lays out with chrome.Layout
+from gputrace.trace.layout import dumps as dumps  # re-exported: the digest writes with chrome.dumps
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
 try:  # the C encoder of span events (same output as the Python loop below)
@@ -43,17 +56,14 @@ try:  # the C encoder of span events (same output as the Python loop below)
     from gputrace._hot import encode_events as _encode_events
 except ImportError:
     _encode_events = None  # type: ignore[assignment]
-try:  # the C layout and encoder of a piece of a recorder's columns (same lanes and bytes again)
+try:  # the C encoder of a piece of a recorder's columns (same bytes again; its lanes: layout.py)
     if _encode_events is None:
         raise ImportError("no C encoder")
     from gputrace._hot import encode_rows as _encode_rows
-    from gputrace._hot import nest_tracks as _nest_tracks
 except ImportError:
-    _encode_rows = _nest_tracks = None  # type: ignore[assignment]
+    _encode_rows = None  # type: ignore[assignment]
 
 # ---- reading ------------------------------------------------------------------------------------
-
-_CUDA_TRACK = re.compile(r"^cuda:(\d+) ")
 
 
 def read(path: str, data: bytes | None = None) -> Trace:
@@ -121,7 +131,7 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
         # updates after it: clock syncs, tracks, counts).
         for e in events:
             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "gputrace":
-                _update_header(header, e.get("args"))
+                update_header(header, e.get("args"))
         return header, events
     if not isinstance(parsed, dict) or not isinstance(parsed.get("traceEvents"), list):
         raise TraceFormatError(path, "not a Chrome trace: expected a traceEvents list or an array of events")
@@ -129,21 +139,6 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     if cut:
         parsed["_cut"] = True
     return parsed, events
-
-
-def _update_header(header: dict[str, Any], args: Any) -> None:
-    if not isinstance(args, dict):
-        return
-    for key, value in args.items():
-        if key == "metadata" and isinstance(value, dict):
-            meta = header.setdefault("metadata", {})
-            for k, v in value.items():
-                if k == "clock_syncs" and isinstance(v, list):
-                    meta.setdefault("clock", {}).setdefault("sync_to_rank0", []).extend(v)
-                else:
-                    meta[k] = v
-        else:
-            header[key] = value
 
 
 def _repair(path: str, body: bytes) -> Any:
@@ -219,8 +214,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     foreign_pids: set[Any] = set()
     if merged:
         for pid, r in (meta.get("pid_rank") or {}).items():
-            pid_rank[_pid_key(pid)] = int(r)
-        foreign_pids = {_pid_key(p) for p in meta.get("foreign_pids") or ()}
+            pid_rank[pid_key(pid)] = int(r)
+        foreign_pids = {pid_key(p) for p in meta.get("foreign_pids") or ()}
     rank_meta: dict[str, Any] = meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
 
     proc_name: dict[Any, str] = {}
@@ -264,7 +259,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
         if t is None:
             p = process_of(pid)
             name = thread_name.get(key) or f"thread {tid}"
-            m = _CUDA_TRACK.match(name)
+            m = CUDA_TRACK.match(name)
             if m:
                 kind, device = "cuda", int(m.group(1))
             elif name.endswith("(host)") or cat == "cpu":
@@ -339,7 +334,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 ck = (e.get("pid"), name)
                 t = counter_tracks.get(ck)
                 if t is None:
-                    dev = _CUDA_TRACK.match(name)
+                    dev = CUDA_TRACK.match(name)
                     t = counter_tracks[ck] = trace.add_track(
                         Track(process_of(e.get("pid")), name, name, "counter", int(dev.group(1)) if dev else None)
                     )
@@ -367,43 +362,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     return trace
 
 
-def _pid_key(pid: Any) -> Any:
-    try:
-        return int(pid)
-    except (TypeError, ValueError):
-        return pid
-
-
 # ---- writing ------------------------------------------------------------------------------------
-
-
-def dumps(value: Any) -> bytes:
-    """JSON bytes. Values JSON cannot hold (NaN, infinities, arbitrary objects, lone
-    surrogates) are written as their string form rather than failing the save."""
-    try:
-        return orjson.dumps(value, default=repr)
-    except (TypeError, orjson.JSONEncodeError):
-        return orjson.dumps(_clean(value), default=repr)
-
-
-def _clean(value: Any) -> Any:
-    import math
-
-    if isinstance(value, dict):
-        return {_clean_str(str(k)): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, str):
-        return _clean_str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
-        return str(value)  # JSON numbers past 64 bits lose digits in most readers
-    return value
-
-
-def _clean_str(s: str) -> str:
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def header_bytes(base_ns: int, metadata: dict[str, Any], rank: int | None, world_size: int | None) -> bytes:
@@ -421,185 +380,25 @@ def header_bytes(base_ns: int, metadata: dict[str, Any], rank: int | None, world
     return b", ".join(parts) + b', "traceEvents": [\n'
 
 
-class Layout:
-    """Overflow lanes, decided incrementally: each span goes to the first lane of its track where
-    it nests with everything already written there, so spans written in any number of pieces
-    (flush by flush) still nest on every written track.
+class ProcessWriter(ProcessLayout):
+    """One process's metadata and span events in JSON, its tids and lanes kept across pieces (by
+    `ProcessLayout`): a new written track is named with `thread_name` and ordered with
+    `thread_sort_index` events."""
 
-    Per lane it keeps the outermost spans written so far (disjoint, sorted). A new span fits a
-    lane when it is disjoint from each of them or contains each it meets; inside one of them it
-    fits only if it was written in the same piece (the stack pass below sees its parent), since
-    a later span inside an earlier outermost one could cross that one's children. Kept spans are
-    bounded per lane: the oldest are joined into one, which can only send a late span to an
-    overflow lane, never let two spans cross."""
-
-    MAX_KEPT = 256
-    #: Spans that come in the order they ended and all nest skip the lane search; a layout whose
-    #: `fits` adds rules turns this off.
-    fast_path = True
-
-    def __init__(self) -> None:
-        self._lanes: dict[int, list[tuple[list[int], list[int]]]] = {}  # track -> lanes: (starts, ends)
-
-    def lanes_used(self, track: int) -> int:
-        return max(1, len(self._lanes.get(track, ())))
-
-    def overflow_tracks(self) -> int:
-        """Overflow tracks made so far, over every track."""
-        return sum(max(0, len(lanes) - 1) for lanes in self._lanes.values())
-
-    def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
-        """The lane of each span of this piece."""
-        if self.fast_path and _nest_tracks is not None and _is_columns(tracks, starts, ends):
-            # The usual case in C, every track at once; it changes nothing unless all nest.
-            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:  # type: ignore[arg-type]
-                return [0] * len(starts)
-        by_track: dict[int, list[int]] = {}
-        for i, t in enumerate(tracks):
-            by_track.setdefault(t, []).append(i)
-        lane = [0] * len(starts)
-        for t, rows in by_track.items():
-            lanes = self._lanes.setdefault(t, [])
-            if not lanes:
-                lanes.append(([], []))
-            kept = None
-            if self.fast_path:
-                kept = _nest_in_end_order(lanes[0], [starts[i] for i in rows], [ends[i] for i in rows], self.MAX_KEPT)
-            if kept is not None:  # the usual case: all on the track itself
-                lanes[0] = kept
-                continue
-            order = sorted(rows, key=lambda i: (starts[i], -ends[i]))  # stable: ties keep their order
-            stacks: list[list[int]] = [[] for _ in lanes]  # per lane: ends of this piece's open spans
-            roots: list[list[tuple[int, int]]] = [[] for _ in lanes]
-            for i in order:
-                s, e = starts[i], ends[i]
-                k = 0
-                while True:
-                    if k == len(lanes):
-                        lanes.append(([], []))
-                        stacks.append([])
-                        roots.append([])
-                    st = stacks[k]
-                    while st and st[-1] <= s:
-                        st.pop()
-                    kept_ends = lanes[k][1]
-                    # Past every kept span (the usual case) it meets none of them.
-                    fits = not kept_ends or s >= kept_ends[-1] or self.fits(lanes[k], s, e)
-                    # Nested in this piece's open span (its parent), and with earlier pieces'.
-                    ok = (st[-1] >= e and fits) if st else fits
-                    if ok:
-                        if not st:
-                            roots[k].append((s, e))
-                        st.append(e)
-                        lane[i] = k
-                        break
-                    k += 1
-            for k, rs in enumerate(roots):
-                for s, e in rs:
-                    _keep(lanes[k], s, e, self.MAX_KEPT)
-        return lane
-
-    def fits(self, lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
-        """Does [s, e) nest with the spans kept for `lane` (those of earlier pieces)? A method, so
-        a format with stricter rules can add them (Perfetto's begin/end events)."""
-        return _fits(lane, s, e)
-
-
-def _is_columns(tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> bool:
-    """Are these a piece of a `SpanColumns`' arrays (what the C layout and encoder read)?"""
-    return (
-        type(tracks) is array
-        and type(starts) is array
-        and type(ends) is array
-        and tracks.typecode == "l"
-        and starts.typecode == "q"
-        and ends.typecode == "q"
-    )
-
-
-def _nest_in_end_order(
-    lane: tuple[list[int], list[int]], starts: list[int], ends: list[int], limit: int
-) -> tuple[list[int], list[int]] | None:
-    """The fast path of `Layout.place`, for spans that come in the order they ended (as a
-    recorder resolves them) and all nest: one pass keeps the outermost spans as a stack (a span
-    takes in every kept span that starts at or after it, since those end no later). Returns the
-    lane's new kept spans, or None (out of order, or a span crosses one) for the general path."""
-    ks, ke = list(lane[0]), list(lane[1])
-    last = ke[-1] if ke else None
-    for s, e in zip(starts, ends):
-        if last is not None and e < last:
-            return None
-        last = e
-        while ks and ks[-1] >= s:
-            ks.pop()
-            ke.pop()
-        if ke and ke[-1] > s:
-            return None
-        ks.append(s)
-        ke.append(e)
-    if len(ks) > limit:  # join the oldest into one (see the class docstring)
-        k = len(ks) - limit + 1
-        ks[:k] = [ks[0]]
-        ke[:k] = [ke[k - 1]]
-    return ks, ke
-
-
-def _fits(lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
-    starts, ends = lane
-    # Kept spans are disjoint and sorted, so their ends are sorted too: the ones that meet
-    # [s, e) are those with end > s and start < e.
-    i = bisect.bisect_right(ends, s)
-    j = bisect.bisect_left(starts, e)
-    if i >= j:
-        return True  # meets none
-    return starts[i] >= s and ends[j - 1] <= e  # contains every one it meets
-
-
-def _keep(lane: tuple[list[int], list[int]], s: int, e: int, limit: int) -> None:
-    starts, ends = lane
-    i = bisect.bisect_right(ends, s)
-    j = bisect.bisect_left(starts, e)
-    if i < j:  # it contains these: it replaces them
-        s, e = min(s, starts[i]), max(e, ends[j - 1])
-        del starts[i:j], ends[i:j]
-    starts.insert(i, s)
-    ends.insert(i, e)
-    if len(starts) > limit:  # join the two oldest
-        starts[0:2] = [starts[0]]
-        ends[0:2] = [ends[1]]
-
-
-class ProcessWriter:
-    """Writes one process's metadata and span events, keeping its tids and lanes across pieces."""
-
-    def __init__(self, pid: int, process: Process) -> None:
-        self.pid = pid
-        self.process = process
-        self.layout = Layout()
-        self._tids: dict[tuple[int, int], int] = {}  # (track, lane) -> tid
-        self._next_tid = 0
+    def __init__(self, pid: int, process: Process, layout: Layout | None = None) -> None:
+        super().__init__(pid, process, layout)
         self.name_json: list[bytes] = []  # the trace's names as JSON, by name index
 
-    def tid(self, trace: Trace, track: int, lane: int, out: list[bytes]) -> int:
-        key = (track, lane)
-        tid = self._tids.get(key)
-        if tid is None:
-            self._next_tid += 1
-            if self._next_tid == self.pid:  # never the pid: see the module docstring
-                self._next_tid += 1
-            tid = self._tids[key] = self._next_tid
-            t = trace.tracks[track]
-            name = t.name if lane == 0 else f"{t.name} (overflow {lane})"
-            sort = _track_sort(t) * 10 + min(lane, 9)
-            out.append(
-                b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
-                % (self.pid, tid, dumps(name))
-            )
-            out.append(
-                b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
-                % (self.pid, tid, sort)
-            )
-        return tid
+    def describe(self, trace: Trace, track: int, lane: int, tid: int, out: list[bytes]) -> None:
+        t = trace.tracks[track]
+        out.append(
+            b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
+            % (self.pid, tid, dumps(lane_name(t, lane)))
+        )
+        out.append(
+            b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
+            % (self.pid, tid, lane_sort(t, lane))
+        )
 
     def process_events(self) -> bytes:
         p = self.process
@@ -610,14 +409,6 @@ class ProcessWriter:
             self.pid,
             p.sort_index,
         )
-
-
-def _track_sort(t: Track) -> int:
-    # CUDA streams first, by device and stream; then host threads; then the rest. Small numbers:
-    # Perfetto reads sort indices as 32-bit integers.
-    kind = {"cuda": 0, "cpu": 1, "counter": 3}.get(t.kind, 2)
-    ordinal = t.ordinal if isinstance(t.ordinal, int) else 0
-    return kind * 1_000_000 + min(t.device or 0, 99) * 10_000 + min(max(ordinal, 0), 9_999)
 
 
 def encode_spans(
@@ -637,7 +428,7 @@ def encode_spans(
     if _encode_rows is not None and type(rows) is range and rows.step == 1 and isinstance(sp.cat, _NoCats):
         lo, hi = rows.start, rows.stop
         starts_a, ends_a, tracks_a = sp.start[lo:hi], sp.end[lo:hi], sp.track[lo:hi]  # copies at C speed
-        if _is_columns(tracks_a, starts_a, ends_a):
+        if is_columns(tracks_a, starts_a, ends_a):
             if lanes is None:
                 lanes = writer.layout.place(tracks_a, starts_a, ends_a)
             if lanes.count(0) == len(lanes):  # every span on its track itself: encode from the columns in C
@@ -783,63 +574,13 @@ def encode_extra(trace: Trace, pid_of: dict[int, int], base_ns: int, out: list[b
         out.append(dumps(ev) + b",\n")
 
 
-def output_pids(trace: Trace) -> dict[int, int]:
-    """The pid each process is written with: rank + 1 for ranks, then the other processes
-    numbered after every rank's pid."""
-    out: dict[int, int] = {}
-    used: set[int] = set()
-    for i, p in enumerate(trace.processes):
-        if p.rank is not None and not p.foreign:
-            out[i] = p.rank + 1
-            used.add(p.rank + 1)
-    nxt = max(used, default=0)
-    for i, p in enumerate(trace.processes):
-        if i not in out:
-            nxt += 1
-            out[i] = nxt
-    return out
-
-
-@dataclasses.dataclass
-class WritePlan:
-    """What both writers decide before writing a whole trace: its base, the pid of each process,
-    the lanes of every span (so the header can count overflow tracks), and the header's fields."""
-
-    base_ns: int
-    pid_of: dict[int, int]
-    writers: dict[int, ProcessWriter]
-    pieces: list[tuple[ProcessWriter, Sequence[int], list[int]]]
-    metadata: dict[str, Any]
-    rank: int | None  # a one-rank trace's rank (merged traces have none)
-    world_size: int | None
-
-
-def plan_write(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> WritePlan:
-    rng = trace.time_range()
-    if base_ns is None:
-        base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
-    own = [p for p in trace.processes if p.rank is not None and not p.foreign]
-    meta = {k: v for k, v in trace.metadata.items() if k != "base_ns"}
-    pid_of = output_pids(trace)
-    rank = own[0].rank if len(own) == 1 and not meta.get("merged") else None
-    world = meta.get("world_size") if isinstance(meta.get("world_size"), int) else None
-    if meta.get("merged"):
-        meta["pid_rank"] = {str(pid_of[i]): p.rank for i, p in enumerate(trace.processes) if p.rank is not None}
-        meta["foreign_pids"] = [pid_of[i] for i, p in enumerate(trace.processes) if p.foreign]
-    writers = {i: ProcessWriter(pid_of[i], p) for i, p in enumerate(trace.processes)}
-    pieces = layout_pieces(trace, writers, ordered)
-    if own and not meta.get("merged"):
-        meta["overflow_tracks"] = sum(w.layout.overflow_tracks() for w in writers.values())
-    return WritePlan(base_ns, pid_of, writers, pieces, meta, rank, world)
-
-
 def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
     """The whole trace as object-form JSON, in pieces (memory: one piece of bytes at a time
     beyond the columns and one lane per span). `ordered`: the spans of each track are stored in
     the order they ended (a recorder's are), so no sort is needed before laying them out.
 
     The layout runs first, so the header can say how many overflow tracks there are."""
-    plan = plan_write(trace, base_ns, ordered)
+    plan = plan_write(trace, base_ns, ordered, writer=ProcessWriter)
     base_ns, pid_of = plan.base_ns, plan.pid_of
     yield header_bytes(base_ns, plan.metadata, plan.rank, plan.world_size)
     yield b"".join(w.process_events() for w in plan.writers.values())
@@ -852,44 +593,6 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     encode_extra(trace, pid_of, base_ns, out)
     if out:
         yield b"".join(out)
-
-
-def layout_pieces(
-    trace: Trace, writers: dict[int, ProcessWriter], ordered: bool = False, step: int = 16384
-) -> list[tuple[ProcessWriter, Sequence[int], list[int]]]:
-    """Each process's spans in pieces of at most `step`, with the lane of each span decided by its
-    process's writer (`writers`: process index -> writer). The JSON and Perfetto writers both lay
-    out through this, so they make the same overflow tracks."""
-    sp = trace.spans
-    pieces: list[tuple[ProcessWriter, Sequence[int], list[int]]] = []
-    if ordered and len(trace.processes) == 1:
-        for k in range(0, len(sp), step):
-            rows: Sequence[int] = range(k, min(k + step, len(sp)))
-            pieces.append((writers[0], rows, _place(trace, rows, writers[0])))
-    else:
-        proc_of_track = [t.process for t in trace.tracks]
-        by_proc: dict[int, list[int]] = {}
-        track_col = sp.track
-        for i in range(len(sp)):
-            by_proc.setdefault(proc_of_track[track_col[i]], []).append(i)
-        for p, prows in by_proc.items():
-            # The layout sees the spans in the order they ended (children before their parents,
-            # as a recorder resolves them): a later piece then holds only spans that contain,
-            # follow or cross earlier ones, never spans inside them, so nesting is judged right
-            # across pieces.
-            prows.sort(key=lambda i: (sp.end[i], -sp.start[i]))
-            for k in range(0, len(prows), step):
-                rows = prows[k : k + step]
-                pieces.append((writers[p], rows, _place(trace, rows, writers[p])))
-    return pieces
-
-
-def _place(trace: Trace, rows: Sequence[int], writer: ProcessWriter) -> list[int]:
-    sp = trace.spans
-    if type(rows) is range and rows.step == 1:  # slices of the columns, which the C layout reads
-        lo, hi = rows.start, rows.stop
-        return writer.layout.place(sp.track[lo:hi], sp.start[lo:hi], sp.end[lo:hi])
-    return writer.layout.place([sp.track[i] for i in rows], [sp.start[i] for i in rows], [sp.end[i] for i in rows])
 
 
 def write(

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace import chrome
+from gputrace.trace import layout
 from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Process, SpanColumns, Trace, Track
 
@@ -61,7 +61,7 @@ def is_digest_path(path: str) -> bool:
 def write(doc: dict[str, Any], path: str) -> None:
     # Not fsynced: a digest lost with the machine is made again from its trace by the summary.
     with atomic_writer(path, durable=False) as f:
-        f.write(chrome.dumps(doc))  # names JSON cannot hold are cleaned as the trace writer cleans them
+        f.write(layout.dumps(doc))  # names JSON cannot hold are cleaned as the trace writer cleans them
 
 
 @dataclasses.dataclass

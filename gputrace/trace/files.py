@@ -1,8 +1,9 @@
-"""Trace files on disk: atomic writes, finding the files a user names, and telling formats apart.
+"""Trace files on disk: atomic writes, finding the files a user names, appending a rank's file.
 
 Takes: paths (files, directories, globs) and bytes to write. Gives: files that are either whole
-or untouched (`atomic_writer`), the list of trace files behind a user's arguments (`expand`),
-and each file's format (`detect`: "chrome" JSON or "perfetto" protobuf).
+or untouched (`atomic_writer`), the list of trace files behind a user's arguments (`expand`; a
+directory's are its ranks' files of every registered format), and what both stream writers share
+(`AppendFile`). Which format a file is: `registry.py`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gputrace.errors import GputraceError, TraceFormatError
+from gputrace.trace import registry
 
 if TYPE_CHECKING:
     from gputrace.trace.model import Process
@@ -26,10 +28,6 @@ try:  # the C build's writer thread (writes_behind)
     from gputrace._hot import Writer as _Writer
 except ImportError:
     _Writer = None  # type: ignore[assignment,misc]
-
-#: Extensions that mean Perfetto protobuf; anything else is read by its first bytes.
-PROTO_EXTENSIONS = (".pftrace", ".perfetto-trace", ".pb", ".proto")
-TRACE_GLOBS = ("trace_rank*.json", "trace_rank*.pftrace")
 
 
 @contextlib.contextmanager
@@ -137,14 +135,15 @@ def publish(tmp: str, path: str) -> None:
 
 
 def expand(paths: Iterable[str]) -> list[str]:
-    """Files, directories (their trace_rank*.json / .pftrace) and globs -> a list of files,
-    each once, in the order given (a directory's files sorted)."""
+    """Files, directories (their trace_rank*.json / .pftrace, one pattern per registered format)
+    and globs -> a list of files, each once, in the order given (a directory's files sorted)."""
     files: list[str] = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(f for pattern in TRACE_GLOBS for f in glob.glob(os.path.join(p, pattern)))
+            globs = registry.rank_file_globs()
+            found = sorted(f for pattern in globs for f in glob.glob(os.path.join(p, pattern)))
             if not found:
-                raise GputraceError(f"{p}: no trace_rank*.json or trace_rank*.pftrace files in this directory")
+                raise GputraceError(f"{p}: no {' or '.join(globs)} files in this directory")
             files += found
         elif any(c in p for c in "*?["):
             found = sorted(glob.glob(p))
@@ -170,30 +169,23 @@ def read_bytes(path: str) -> bytes:
         raise TraceFormatError(path, e.strerror or str(e)) from None
 
 
+# To be removed once merge reads and writes through the registry: `registry.detect` and
+# `registry.for_path` give the `Format` itself. These keep the old answers ("chrome" for JSON).
+
+
 def detect(path: str, head: bytes | None = None) -> str:
-    """ "chrome" or "perfetto", by the file's first bytes (a JSON trace starts with `{` or `[`
-    after whitespace; a protobuf trace with field 1, a TracePacket, tag byte 0x0a)."""
-    if head is None:
-        try:
-            with open(path, "rb") as f:
-                head = f.read(64)
-        except OSError:
-            head = b""
-    stripped = head.lstrip()
-    if stripped[:1] in (b"{", b"["):
-        return "chrome"
-    if head[:1] == b"\x0a" or path.endswith(PROTO_EXTENSIONS):
-        return "perfetto"
-    return "chrome"
+    """The registered format of an existing file by its first bytes (`registry.detect`), by its
+    old name: "chrome" for JSON."""
+    return _old_name(registry.detect(path, head))
 
 
 def format_for_path(path: str, fmt: str | None = None) -> str:
-    """The format to write `path` in: the one asked for, else by extension (JSON by default)."""
-    if fmt is not None:
-        if fmt not in ("chrome", "json", "perfetto", "pftrace", "protobuf"):
-            raise GputraceError(f"unknown trace format {fmt!r}: use json or perfetto")
-        return "chrome" if fmt in ("chrome", "json") else "perfetto"
-    return "perfetto" if path.endswith(PROTO_EXTENSIONS) else "chrome"
+    """The format to write `path` in (`registry.for_path`), by its old name: "chrome" for JSON."""
+    return _old_name(registry.for_path(path, fmt))
+
+
+def _old_name(fmt: registry.Format) -> str:
+    return "chrome" if fmt.name == registry.DEFAULT else fmt.name
 
 
 class AppendFile:

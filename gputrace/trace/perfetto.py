@@ -46,9 +46,10 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import tempfile
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -56,17 +57,19 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from gputrace.errors import TraceFormatError
-from gputrace.trace.chrome import (
-    _CUDA_TRACK,
-    Layout,
-    ProcessWriter,
-    _fits,
-    _nest_in_end_order,
-    _update_header,
-    dumps,
-    plan_write,
-)
+from gputrace.trace import files
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes
+from gputrace.trace.layout import (
+    CUDA_TRACK,
+    Layout,
+    ProcessLayout,
+    dumps,
+    lane_name,
+    nest_in_end_order,
+    plan_write,
+    process_facts,
+    update_header,
+)
 from gputrace.trace.model import Process, Trace, Track
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
@@ -82,6 +85,7 @@ _BATCH = 4096  # packets parsed and serialized at a time: small batches stay in 
 _CHUNK = 1 << 20  # bytes of packets in one compressed packet
 _LEVEL = 1  # zlib's fastest: most of what higher levels save, at a fraction of the time
 _SPILL = 1 << 20  # lanes past the layout's, for spans that still cannot nest (never expected)
+_WHOLE_MAX = 4 * 16384  # spans of a rank's trace written in one pass; more go piece by piece
 
 #: Chrome metadata names: the whole header (replaces any before it), an update merged into it
 #: (streamed clock syncs, run id), and carried events of other tools.
@@ -91,11 +95,58 @@ HEADER, UPDATE, EXTRA = "gputrace", "gputrace_update", "gputrace_extra"
 # ---- writing ------------------------------------------------------------------------------------
 
 
-def write(trace: Trace, path: str, base_ns: int | None = None, ordered: bool = False) -> None:
-    """Write the trace to `path` atomically (`ordered` as for the JSON writer)."""
+def write(
+    trace: Trace,
+    path: str,
+    base_ns: int | None = None,
+    ordered: bool = False,
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """Write the trace to `path` atomically (`ordered` as for the JSON writer); `meanwhile` runs
+    first. A large trace of one process in the order its spans ended (a rank's, as a save writes
+    it) is written piece by piece, the way a streamed run writes it, so memory stays near the
+    spans held; others in one pass, which compresses a small file better."""
+    if meanwhile is not None:
+        meanwhile()
+    if ordered and base_ns is None and len(trace.processes) == 1 and len(trace.spans) > _WHOLE_MAX:
+        _write_in_pieces(trace, path)
+        return
     with atomic_writer(path) as f:
         for piece in iter_encode(trace, base_ns, ordered):
             f.write(piece)
+
+
+def _write_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:
+    """A rank's trace as protobuf, written the way a streamed run writes it: piece by piece in
+    the order the spans ended, so memory stays near the spans held (the whole-trace writer
+    orders each track at once). Atomic: a temporary file renamed over `path` when finished."""
+    rng = trace.time_range()
+    base = rng[0] if rng else 0
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+    os.close(fd)
+    info = trace.metadata.get("world_size")
+    process = trace.processes[0]
+    header = {
+        "distributedInfo": {"rank": process.rank, "world_size": info},
+        "metadata": {k: v for k, v in trace.metadata.items() if k != "base_ns"},
+    }
+    try:
+        writer = StreamWriter(tmp, base, process, header)
+        n = len(trace.spans)
+        for lo in range(0, max(n, 1), piece):
+            counters = range(len(trace.counters)) if lo == 0 else ()
+            writer.append(trace, range(lo, min(lo + piece, n)), counters)
+        header["metadata"]["overflow_tracks"] = writer.overflow_tracks()
+        writer.finish(header)
+        files.publish(tmp, path)  # through the module: a test's check of published files sees it
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> bytes:
@@ -106,11 +157,12 @@ def encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> b
 def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
     """The whole trace in pieces of whole packets (memory: one batch of packets at a time beyond
     the columns, the layout and each track's span order)."""
-    plan = plan_write(trace, base_ns, ordered)  # the same base, pids and lanes as the JSON writer
+    # The same base, pids, tids and lanes as the JSON writer (its tracks' descriptions aside).
+    plan = plan_write(trace, base_ns, ordered, writer=ProcessLayout)
     base_ns, pid_of, pieces, meta = plan.base_ns, plan.pid_of, plan.pieces, plan.metadata
     info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
     header = {"baseTimeNanoseconds": base_ns, "distributedInfo": info, "metadata": meta}
-    header["processes"] = _process_facts(trace.processes, pid_of)
+    header["processes"] = process_facts(trace.processes, pid_of)
 
     enc = _Encoder(base_ns)
     head = [_metadata_packet(HEADER, header), enc.clock_packet()]
@@ -121,7 +173,7 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     # Each written track's spans, in the order the JSON writer lays them out (its tids too).
     sp = trace.spans
     cats = any(c is not None for c in sp.cat)
-    groups: dict[ProcessWriter, dict[int, array[int]]] = {}
+    groups: dict[ProcessLayout, dict[int, array[int]]] = {}
     for w, rows, lanes in pieces:
         g = groups.setdefault(w, {})
         keys = [(t << 24) | k for t, k in zip([sp.track[r] for r in rows], lanes)]
@@ -163,11 +215,6 @@ def _compressed(parts: list[bytes]) -> bytes:
             packets.append(pb.TracePacket(compressed_packets=zlib.compress(b"".join(group), _LEVEL)))
             group, size = [], 0
     return _serialize(packets)
-
-
-def _process_facts(processes: Sequence[Process], pid_of: dict[int, int]) -> dict[str, Any]:
-    # What a process track cannot say: its rank and whether it is another tool's.
-    return {str(pid_of[i]): {"rank": p.rank, "foreign": p.foreign} for i, p in enumerate(processes)}
 
 
 def _sort_key(p: Process) -> int:
@@ -315,7 +362,7 @@ class _Encoder:
             i = table[s] = len(table) + 1
         return i
 
-    def thread_lane(self, trace: Trace, w: ProcessWriter, track: int, k: int, out: list[bytes]) -> _Lane:
+    def thread_lane(self, trace: Trace, w: ProcessLayout, track: int, k: int, out: list[bytes]) -> _Lane:
         key = (w.pid, track, k)
         lane = self.lanes.get(key)
         if lane is None:
@@ -323,8 +370,8 @@ class _Encoder:
             name = trace.tracks[track].name
             if k >= _SPILL:
                 name = f"{name} (overflow {w.layout.lanes_used(track) + k - _SPILL})"
-            elif k:
-                name = f"{name} (overflow {k})"  # as the JSON writer names it
+            else:
+                name = lane_name(trace.tracks[track], k)  # as the JSON writer names it
             d = pb.TrackDescriptor(uuid=_uuid(w.pid, tid), parent_uuid=_uuid(w.pid))
             d.thread.pid = w.pid
             d.thread.tid = tid
@@ -333,7 +380,7 @@ class _Encoder:
         return lane
 
     def spans(
-        self, trace: Trace, w: ProcessWriter, track: int, k: int, rows: Sequence[int], cats: bool, out: list[bytes]
+        self, trace: Trace, w: ProcessLayout, track: int, k: int, rows: Sequence[int], cats: bool, out: list[bytes]
     ) -> None:
         """The begin/end events of `rows` (spans of one written track, in the JSON writer's
         order) appended to `out`, after the track's descriptor if it is new. Spans that cannot
@@ -565,7 +612,7 @@ class _StreamLayout(Layout):
             ss, es = [starts[i] for i in rows], [ends[i] for i in rows]
             taken = {s for s, e in zip(*lanes[0]) if e > s}
             if taken.isdisjoint(ss) and taken.isdisjoint(es):
-                kept = _nest_in_end_order(lanes[0], ss, es, self.MAX_KEPT)
+                kept = nest_in_end_order(lanes[0], ss, es, self.MAX_KEPT)
                 if kept is not None:
                     lanes[0] = kept
                     continue
@@ -578,7 +625,7 @@ class _StreamLayout(Layout):
         return lane
 
     def fits(self, lane: tuple[list[int], list[int]], s: int, e: int) -> bool:
-        if not _fits(lane, s, e):
+        if not super().fits(lane, s, e):
             return False
         if s == e:
             return True  # opens and closes at once: nests in whatever is open then
@@ -602,15 +649,14 @@ class StreamWriter(AppendFile):
 
     def __init__(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> None:
         super().__init__(path, base_ns, process, header)
-        self.writer = ProcessWriter(self.pid, process)
-        self.writer.layout = _StreamLayout()
+        self.writer = ProcessLayout(self.pid, process, _StreamLayout())
         self._enc = _Encoder(base_ns)
         head = [_metadata_packet(HEADER, self._header_json()), self._enc.clock_packet()]
         head.append(_process_packet(self.pid, process))
         self._write(_serialize(head))
 
     def _header_json(self) -> dict[str, Any]:
-        facts = _process_facts([self.process], {0: self.pid})
+        facts = process_facts([self.process], {0: self.pid})
         return {"baseTimeNanoseconds": self.base_ns, **self.header, "processes": facts}
 
     def overflow_tracks(self) -> int:
@@ -858,7 +904,7 @@ class _Reader:
             if m.name == HEADER and isinstance(value, dict):
                 self.header = value
             elif m.name == UPDATE:
-                _update_header(self.header, value)
+                update_header(self.header, value)
             elif m.name == EXTRA and isinstance(value, list):
                 self.extra += [e for e in value if isinstance(e, dict)]
 
@@ -908,13 +954,13 @@ class _Reader:
             if d.HasField("thread"):
                 th = d.thread
                 name = th.thread_name or f"thread {th.tid}"
-                m = _CUDA_TRACK.match(name)
+                m = CUDA_TRACK.match(name)
                 kind, device = ("cuda", int(m.group(1))) if m else ("cpu" if name.endswith("(host)") else "other", None)
                 track_of[uuid] = trace.add_track(Track(process_of(th.pid), th.tid, name, kind, device, th.tid))
             elif d.HasField("counter") or uuid in self.samples:
                 parent = self.descriptors.get(d.parent_uuid)
                 pid = parent.process.pid if parent is not None and parent.HasField("process") else 0
-                m = _CUDA_TRACK.match(d.name)
+                m = CUDA_TRACK.match(d.name)
                 track = Track(process_of(pid), d.name, d.name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans

@@ -10,11 +10,21 @@ A format's module provides:
 
 - ``read(path, data=None) -> Trace`` (raises `TraceFormatError` with the reason);
 - ``read_header(path) -> dict`` (baseTimeNanoseconds, distributedInfo, metadata, without events);
-- ``write(trace, path, base_ns=None, ordered=False, meanwhile=None)``, atomic;
+- ``write(trace, path, base_ns=None, ordered=False, meanwhile=None)``, atomic (`ordered`: the
+  spans of each track are stored in the order they ended, as a recorder's are; `meanwhile`: work
+  to run before the file is in place);
 - ``StreamWriter(path, base_ns, process, header)`` with ``append(trace, rows, counters=(),
-  update=None)``, ``finish(header=None)`` and ``abandon()``: one rank's file, flush by flush.
+  update=None)``, ``finish(header=None)``, ``resume()``, ``abandon()``, ``overflow_tracks()``,
+  and the attributes ``path``, ``base_ns``, ``closed`` and ``spans_written``: one rank's file,
+  flush by flush (`files.AppendFile` has the file handling; `layout.py` the lanes, pids, tids).
+
+It may offer more, which a stage asks for by name with `Format.capability` instead of testing the
+format's name: ``parse(path, data) -> (header, events)`` (the file's raw Chrome JSON events, which
+`validate` checks against Perfetto's JSON importer rules; the JSON format offers it).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
+Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format
+that lives outside gputrace, anywhere before it is used; `unregister` takes it away again).
 """
 
 from __future__ import annotations
@@ -22,11 +32,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputrace.errors import GputraceError, TraceFormatError
+
+if TYPE_CHECKING:
+    from gputrace.trace.model import Process, Trace
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -44,6 +57,7 @@ class Format:
 
     @property
     def impl(self) -> ModuleType:
+        """The module that reads and writes the format (ImportError when it cannot be loaded)."""
         if not self._impl:
             self._impl.append(importlib.import_module(self.module))
         return self._impl[0]
@@ -52,18 +66,37 @@ class Format:
     def extension(self) -> str:
         return self.extensions[0]
 
-    def read(self, path: str, data: bytes | None = None) -> Any:
-        return self.impl.read(path, data)
+    def _reader(self, path: str) -> ModuleType:
+        try:
+            return self.impl
+        except ImportError as e:
+            raise TraceFormatError(path, f"a {self.name} trace, which this installation cannot read ({e})") from None
+
+    def _writer(self, path: str) -> ModuleType:
+        try:
+            return self.impl
+        except ImportError as e:
+            raise GputraceError(f"cannot write {path}: writing {self.name} needs {self.module} ({e})") from None
+
+    def read(self, path: str, data: bytes | None = None) -> Trace:
+        trace: Trace = self._reader(path).read(path, data)
+        return trace
 
     def read_header(self, path: str) -> dict[str, Any]:
-        header: dict[str, Any] = self.impl.read_header(path)
+        header: dict[str, Any] = self._reader(path).read_header(path)
         return header
 
-    def write(self, trace: Any, path: str, **options: Any) -> None:
-        self.impl.write(trace, path, **options)
+    def write(self, trace: Trace, path: str, **options: Any) -> None:
+        self._writer(path).write(trace, path, **options)
 
-    def stream_writer(self, path: str, base_ns: int, process: Any, header: dict[str, Any]) -> Any:
-        return self.impl.StreamWriter(path, base_ns, process, header)
+    def stream_writer(self, path: str, base_ns: int, process: Process, header: dict[str, Any]) -> Any:
+        return self._writer(path).StreamWriter(path, base_ns, process, header)
+
+    def capability(self, name: str, path: str = "") -> Callable[..., Any] | None:
+        """The optional function `name` of the format's module (see the module docstring), or
+        None when this format does not offer it."""
+        found = getattr(self._reader(path), name, None)
+        return found if callable(found) else None
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
@@ -96,9 +129,8 @@ def names() -> list[str]:
 
 def get(name: str) -> Format:
     """The format called `name` (or one of its aliases)."""
-    key = name.lower()
     for fmt in _FORMATS.values():
-        if key == fmt.name or key in fmt.aliases:
+        if name == fmt.name or name in fmt.aliases:
             return fmt
     raise GputraceError(f"unknown trace format {name!r}: use {' or '.join(_FORMATS)}")
 
@@ -133,19 +165,31 @@ def detect(path: str, head: bytes | None = None) -> Format:
     return by_extension(path) or _FORMATS[DEFAULT]
 
 
-def read(path: str, data: bytes | None = None) -> Any:
+def read(path: str, data: bytes | None = None) -> Trace:
     """One trace file of any registered format, as a `Trace`."""
-    fmt = detect(path, data[:64] if data is not None else None)
-    try:
-        impl = fmt.impl
-    except ImportError as e:
-        raise TraceFormatError(path, f"a {fmt.name} trace, which this installation cannot read ({e})") from None
-    return impl.read(path, data)
+    return detect(path, data[:64] if data is not None else None).read(path, data)
 
 
 def rank_file_globs() -> tuple[str, ...]:
     """The names of ranks' trace files in a folder, one pattern per format."""
     return tuple(f"trace_rank*{fmt.extension}" for fmt in _FORMATS.values())
+
+
+class _RankFileGlobs(Sequence[str]):
+    """`rank_file_globs()` as a constant to iterate, always the registry's current formats."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return rank_file_globs()[i]
+
+    def __len__(self) -> int:
+        return len(_FORMATS)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(rank_file_globs())
+
+
+#: For modules that iterate the globs as a constant (today digest's folder search).
+TRACE_GLOBS: Sequence[str] = _RankFileGlobs()
 
 
 def _is_json(head: bytes) -> bool:
