@@ -1,4 +1,5 @@
-"""The C hot path (`_hot.c`). Its Python twin, and the state both read, are in `record.py`."""
+"""The C build (`csrc/*.c`, one extension in files by stage). Its Python twins, and the state the
+hot path reads, are in `record.py`, `resolve.py`, `trace/` and `digest.py`."""
 
 from array import array
 from collections.abc import Callable

@@ -10,7 +10,7 @@ come from a pool; the stream is looked up by its raw handle through a cache, nev
 `torch.cuda.current_stream()`; no strings, dicts, logging or synchronisation. Everything else
 (new tracks, misuse, anchoring, resolving) lives in slow paths the hot path reaches rarely.
 
-The hot path exists twice: `_hot.c` (used when built) and this module's `PySpan`, `_py_span`,
+The hot path exists twice: `csrc/span.c` (used when built) and this module's `PySpan`, `_py_span`,
 `Recorder._open_py` / `_close_py` (the reference, and the fallback). Both read one declared
 state, `HotState`, and call the same slow paths here; the test suite runs against both.
 """
@@ -66,7 +66,7 @@ class _Stack(list["PySpan"]):
 
 
 HOT_LAYOUT = 1
-"""The version of `HotState`'s layout. `_hot.c` declares the same number and the same slots in
+"""The version of `HotState`'s layout. `csrc/hot.h` declares the same number and the same slots in
 the same order; importing gputrace fails when a C build disagrees, rather than a span failing
 mid-run. Change the number with any change to what a slot holds."""
 
@@ -78,7 +78,7 @@ def _no_device(*args: Any) -> Any:
 class HotState:
     """Everything the span hot path reads, declared once for both of its implementations.
 
-    The C path reads these slots, in this order, when the recorder is installed (`_hot.c`,
+    The C path reads these slots, in this order, when the recorder is installed (`csrc/hot.h`,
     `HOT_FIELDS`), and swaps its whole copy at once; the Python twin reads them by name. The
     containers are the recorder's own and only ever change in place; `check_at` is the one
     value that changes, through `Recorder._check_at` (which tells the C path)."""
