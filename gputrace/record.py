@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from gputrace import native
 from gputrace.clock import DeviceTimeline, HostClock, take_anchor
 from gputrace.config import Config
 from gputrace.errors import GputraceWarning
@@ -550,7 +551,13 @@ class Recorder:
                 devices = sorted({s.stack.device for s in done} - {None})  # type: ignore[arg-type]
             for dev in devices:
                 self._anchor(dev)
-            later = resolve(done, self.timelines, self.clock, self.store, self.pools) if done else []
+            later: list[Span] = []
+            if done:
+                later, freed, durations = resolve(done, self.timelines, self.clock, self.store)
+                for pool, events in zip(self.pools, freed):
+                    pool.extend(events)  # the events are the pool's again
+                for owner, ns in durations:
+                    owner.add_ns(ns)  # the timer facade's totals
             if later or waiting:
                 held[:0] = later + waiting
             check_at = len(held) + self.config.max_pending
@@ -590,8 +597,9 @@ class Recorder:
                     self.device.synchronize()
                     for dev in sorted({c.stack.device for c in copies if c.stack.device is not None}):
                         self._anchor(dev)
-                pools: list[list[Any]] = [[] for _ in self.timelines]  # the originals keep their start events
-                resolve(copies, self.timelines, self.clock, snap, pools)
+                # The freed events are left to go: the originals keep their start events, and
+                # the copies' ends are this snapshot's. No owner is told: the spans go on.
+                resolve(copies, self.timelines, self.clock, snap)
             return snap
 
     def discard(self) -> None:
@@ -778,34 +786,35 @@ def check_hot_layout(hot: Any) -> None:
         )
 
 
-try:
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace import _hot
-except ImportError as e:
-    _hot = None  # type: ignore[assignment]
-    HOT_UNUSED_BECAUSE = str(e)
-else:
-    check_hot_layout(_hot)  # outside the try: a stale build fails here, loudly, not mid-run
-
-# flush's split in C for the C hot path's spans (_split_finished is the reference).
-_split_c = _hot.split_finished if _hot is not None else None
+_hot: Any = None  # the C build in use (gputrace.native decides), or None: the Python twin
+_split_c: Any = None  # flush's split in C for the C hot path's spans (_split_finished is the reference)
 
 if TYPE_CHECKING:  # both twins have the Python one's interface; checkers see that one
     Span = PySpan
     OptSpan = PyOptSpan
     span = _py_span
     DisabledSpan = _DisabledSpan
-elif _hot is not None:
-    Span = _hot.Span
-    OptSpan = _hot.Span
-    span = _hot.span
-    DisabledSpan = _hot.DisabledSpan
-else:
-    Span = PySpan
-    OptSpan = PyOptSpan
-    span = _py_span
-    DisabledSpan = _DisabledSpan
+
+
+def _bind(hot: Any) -> None:
+    """Bind the hot path to `hot` (the C build, or None: the twin); run by gputrace.native at
+    import and at every switch. Refuses a build of another layout (ImportError, loudly)."""
+    global _hot, _split_c, HOT_UNUSED_BECAUSE
+    if hot is not None:
+        check_hot_layout(hot)
+    old = _hot
+    if old is not None and old is not hot:
+        old.install(None, False)  # the old build keeps no recorder
+    _hot, _split_c = hot, (hot.split_finished if hot is not None else None)
+    HOT_UNUSED_BECAUSE = native.UNUSED_BECAUSE
+    if hot is not None:
+        globals().update(Span=hot.Span, OptSpan=hot.Span, span=hot.span, DisabledSpan=hot.DisabledSpan)
+        hot.bind(_disabled, _span_slow, traced)
+        hot.set_capture(CAPTURES[0])
+    else:
+        globals().update(Span=PySpan, OptSpan=PyOptSpan, span=_py_span, DisabledSpan=_DisabledSpan)
+    if old is not hot and (RECORDER is not None or ACTIVE is not None):
+        set_recorder(RECORDER, ACTIVE)  # the recorder in use, into the new implementation
 
 
 CAPTURES = [0]  # CUDA graph captures under way, as torch.cuda.CUDAGraph reports them
@@ -833,8 +842,7 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
         _hot.install(active.hot if active is not None else None, rec is not None)
 
 
-if _hot is not None:
-    _hot.bind(_disabled, _span_slow, traced)
+native.on_switch(_bind)
 set_recorder(None, None)
 
 

@@ -9,9 +9,11 @@
  * column. Device spans are located and mapped through their DeviceTimeline's own methods, so
  * every device (torch's, or a test double) is measured exactly as the Python twin measures it. */
 
-static PyObject *s_index, *s_names, *s_name_index, *s_last_id, *s_capacity, *s_dropped, *s_child_extent,
-    *s_locate, *s_to_host_ns, *s_elapsed_attr, *s_anchors, *s_segment_ms, *s_host_ns, *s_event_attr, *s_query, *s_add_ns, *s_error, *s_frombytes, *s_args_attr, *s_cols[4],
-    *s_track, *s_device;
+/* One interned name per RESOLVE_FIELDS entry, a_<what>_<attribute>: what is read, declared once. */
+#define X(what, name) static PyObject *a_##what##_##name;
+RESOLVE_FIELDS(X)
+#undef X
+static PyObject *s_error, *s_frombytes; /* a dict key and array.array's method: not the layout's */
 
 /* A span's id, given on first need (as SpanStore.id_of). */
 static long long id_of(Span *s, long long *last_id) {
@@ -65,11 +67,11 @@ static int widen_extent(PyObject *extent, long long pid, long long start, long l
 
 /* tl.locate(event, first) -> (k, d) or None; NULL on error. */
 static PyObject *locate(PyObject *tl, PyObject *event, PyObject *first) {
-    return PyObject_CallMethodObjArgs(tl, s_locate, event, first, NULL);
+    return PyObject_CallMethodObjArgs(tl, a_timeline_locate, event, first, NULL);
 }
 
 static int to_host(PyObject *tl, PyObject *kd, long long *out) {
-    PyObject *r = PyObject_CallMethodObjArgs(tl, s_to_host_ns, PyTuple_GetItem(kd, 0), PyTuple_GetItem(kd, 1), NULL);
+    PyObject *r = PyObject_CallMethodObjArgs(tl, a_timeline_to_host_ns, PyTuple_GetItem(kd, 0), PyTuple_GetItem(kd, 1), NULL);
     if (!r) return -1;
     *out = PyLong_AsLongLong(r);
     Py_DECREF(r);
@@ -114,11 +116,10 @@ static raw_elapsed_fn g_raw_elapsed;
 static raw_clear_fn g_raw_clear;
 static raw_device_fn g_raw_device; /* cudaGetDevice: the raw call only where the thread's device is the events' */
 static PyObject *g_raw_for; /* the Python elapsed callable the raw call stands in for */
-static PyObject *s_cuda_event;
 
 /* An event's raw handle, or NULL (no handle: ask Python). Never leaves an exception set. */
 static void *raw_handle(PyObject *ev) {
-    PyObject *h = PyObject_GetAttr(ev, s_cuda_event);
+    PyObject *h = PyObject_GetAttr(ev, a_event_cuda_event);
     if (!h) { PyErr_Clear(); return NULL; }
     void *p = PyLong_Check(h) ? PyLong_AsVoidPtr(h) : NULL;
     Py_DECREF(h);
@@ -190,8 +191,8 @@ static void timeline_clear(Timeline *t) {
 
 static int timeline_read(Timeline *t, PyObject *tl) {
     timeline_clear(t);
-    if (!(t->elapsed = PyObject_GetAttr(tl, s_elapsed_attr)) || !(t->anchors = PyObject_GetAttr(tl, s_anchors)) ||
-        !(t->segs = PyObject_GetAttr(tl, s_segment_ms)))
+    if (!(t->elapsed = PyObject_GetAttr(tl, a_timeline__elapsed)) || !(t->anchors = PyObject_GetAttr(tl, a_timeline_anchors)) ||
+        !(t->segs = PyObject_GetAttr(tl, a_timeline_segment_ms)))
         return -1;
     t->raw = g_raw_elapsed != NULL && t->elapsed == g_raw_for;
     if (!PyList_Check(t->anchors) || !PyList_Check(t->segs) || PyList_Size(t->segs) != PyList_Size(t->anchors)) {
@@ -202,7 +203,7 @@ static int timeline_read(Timeline *t, PyObject *tl) {
 }
 
 static int anchor_host_ns(Timeline *t, Py_ssize_t k, long long *out) {
-    PyObject *v = PyObject_GetAttr(PyList_GetItem(t->anchors, k), s_host_ns);
+    PyObject *v = PyObject_GetAttr(PyList_GetItem(t->anchors, k), a_anchor_host_ns);
     if (!v) return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
@@ -214,7 +215,7 @@ static int anchor_host_ns(Timeline *t, Py_ssize_t k, long long *out) {
 static int timeline_locate(Timeline *t, PyObject *event, Py_ssize_t first, Py_ssize_t *k, double *d) {
     Py_ssize_t n = PyList_Size(t->anchors);
     for (Py_ssize_t i = first > 0 ? first : 0; i < n; i++) {
-        PyObject *ref = PyObject_GetAttr(PyList_GetItem(t->anchors, i), s_event_attr);
+        PyObject *ref = PyObject_GetAttr(PyList_GetItem(t->anchors, i), a_anchor_event);
         if (!ref) return -1;
         double v;
         if (!t->raw || !raw_elapsed(ref, event, &v)) {
@@ -285,10 +286,10 @@ static int span_tracks(PyObject *done, long *track_of, Py_ssize_t *dev_of) {
         if (!s->name || !s->stack || s->stack == Py_None || !(s->t0 || s->ns0) || !(s->t1 || s->ns1)) return 1;
         if (s->parent && s->parent != Py_None && !PyObject_TypeCheck(s->parent, gt_SpanType)) return 1;
         if (s->stack != last_stack) {
-            PyObject *track = PyObject_GetAttr(s->stack, s_track);
+            PyObject *track = PyObject_GetAttr(s->stack, a_stack_track);
             if (!track) return -1;
-            PyObject *idx = PyObject_GetAttr(track, s_index);
-            PyObject *dev = idx ? PyObject_GetAttr(track, s_device) : NULL;
+            PyObject *idx = PyObject_GetAttr(track, a_track_index);
+            PyObject *dev = idx ? PyObject_GetAttr(track, a_track_device) : NULL;
             Py_DECREF(track);
             if (!dev) { Py_XDECREF(idx); return -1; }
             tr = PyLong_AsLong(idx);
@@ -368,7 +369,7 @@ static PyObject *hot_split_finished(PyObject *self, PyObject *args) {
         Py_ssize_t lo = 0, hi = m;
         while (lo < hi) {
             Py_ssize_t mid = hi == m ? m - 1 : (lo + hi) / 2;
-            PyObject *q = PyObject_CallMethodObjArgs(((Span *)PyList_GetItem(pending, idx[mid]))->t1, s_query, NULL);
+            PyObject *q = PyObject_CallMethodObjArgs(((Span *)PyList_GetItem(pending, idx[mid]))->t1, a_event_query, NULL);
             if (!q) goto out;
             int t = PyObject_IsTrue(q);
             Py_DECREF(q);
@@ -407,10 +408,11 @@ out:
 }
 
 PyDoc_STRVAR(resolve_doc,
-             "resolve($module, done, offset, store, timelines, pools, rounding_ns, timeline_type, /)\n--\n\n"
-             "resolve.resolve for spans of this module's Span type: append every span of `done` to\n"
-             "`store` and return those that wait for a newer anchor. NotImplemented (nothing done)\n"
-             "when a span is of another type: the Python twin resolves those.");
+             "resolve($module, done, offset, store, timelines, freed, rounding_ns, timeline_type, /)\n--\n\n"
+             "resolve.resolve for spans of this module's Span type: append every span of `done` that its\n"
+             "device's anchors cover to `store`, each resolved device span's events to freed[device], and\n"
+             "return (those that wait for a newer anchor, [(owner, ns) of each owned span]). NotImplemented\n"
+             "(nothing done) when a span is of another type: the Python twin resolves those.");
 
 typedef struct {
     long long start, end;
@@ -418,9 +420,9 @@ typedef struct {
 } Row;
 
 static PyObject *hot_resolve(PyObject *self, PyObject *args) {
-    PyObject *done, *store, *timelines, *pools, *timeline_type;
+    PyObject *done, *store, *timelines, *freed, *timeline_type;
     long long offset, rounding;
-    if (!PyArg_ParseTuple(args, "O!LOOOLO", &PyList_Type, &done, &offset, &store, &timelines, &pools, &rounding,
+    if (!PyArg_ParseTuple(args, "O!LOOOLO", &PyList_Type, &done, &offset, &store, &timelines, &freed, &rounding,
                           &timeline_type))
         return NULL;
     Timeline tlc = {NULL, NULL, NULL};
@@ -433,8 +435,8 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
     Row *rows = PyMem_Malloc(sizeof(Row) * (size_t)(n ? n : 1));
     PyObject **names = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
     PyObject **argv = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *)); /* each row's args, owned */
-    PyObject *later = NULL, *extent = NULL, *result = NULL;
-    PyObject *last_tl = NULL, *last_pool = NULL; /* owned */
+    PyObject *later = NULL, *durations = NULL, *extent = NULL, *result = NULL;
+    PyObject *last_tl = NULL, *last_freed = NULL; /* owned */
     Py_ssize_t last_tl_dev = -1;
     long long last_id = 0;
     int have_last_id = 0;
@@ -445,11 +447,11 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         if (r < 0) goto done_;
         if (r > 0) goto not_mine;
     }
-    if (!(later = PyList_New(0))) goto done_;
-    if (!(extent = PyObject_GetAttr(store, s_child_extent))) goto done_;
+    if (!(later = PyList_New(0)) || !(durations = PyList_New(0))) goto done_;
+    if (!(extent = PyObject_GetAttr(store, a_store_child_extent))) goto done_;
     if (!PyDict_Check(extent)) { PyErr_SetString(PyExc_TypeError, "resolve: child_extent is not a dict"); goto done_; }
     {
-        PyObject *v = PyObject_GetAttr(store, s_last_id);
+        PyObject *v = PyObject_GetAttr(store, a_store__last_id);
         if (!v) goto done_;
         last_id = PyLong_AsLongLong(v);
         Py_DECREF(v);
@@ -471,8 +473,8 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         } else {
             if (dv != last_tl_dev) {
                 Py_CLEAR(last_tl);
-                Py_CLEAR(last_pool);
-                if (!(last_tl = PySequence_GetItem(timelines, dv)) || !(last_pool = PySequence_GetItem(pools, dv)))
+                Py_CLEAR(last_freed);
+                if (!(last_tl = PySequence_GetItem(timelines, dv)) || !(last_freed = PySequence_GetItem(freed, dv)))
                     goto done_;
                 last_tl_dev = dv;
                 tl_native = (PyObject *)Py_TYPE(last_tl) == timeline_type;
@@ -509,11 +511,11 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
                 if ((sid == -1 && PyErr_Occurred()) || take_in_children(extent, sid, rounding, &start, &end) < 0)
                     goto done_;
             }
-            if (PyList_Append(last_pool, s->t0) < 0 || PyList_Append(last_pool, s->t1) < 0) goto done_;
+            if (PyList_Append(last_freed, s->t0) < 0 || PyList_Append(last_freed, s->t1) < 0) goto done_;
             PyObject *zero = PyLong_FromLong(0);
             if (!zero) goto done_;
             SETREF(s->t0, Py_NewRef(zero));
-            SETREF(s->t1, zero); /* the events are the pool's again */
+            SETREF(s->t1, zero); /* the events are no longer the span's */
         }
         PyObject *a = s->args ? s->args : Py_None;
         if (s->error && s->error != Py_None) {
@@ -539,19 +541,17 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         names[nrows] = Py_NewRef(s->name);
         nrows++;
         if (s->owner && s->owner != Py_None) {
-            PyObject *d = PyLong_FromLongLong(end - start);
-            if (!d) goto done_;
-            PyObject *r = PyObject_CallMethodObjArgs(s->owner, s_add_ns, d, NULL);
-            Py_DECREF(d);
-            if (!r) goto done_;
-            Py_DECREF(r);
+            PyObject *d = Py_BuildValue("(OL)", s->owner, end - start);
+            int r = d ? PyList_Append(durations, d) : -1;
+            Py_XDECREF(d);
+            if (r < 0) goto done_;
         }
     }
     {
         /* Past the store's capacity rows are counted, not kept (as SpanStore.extend). */
-        Py_ssize_t capacity = attr_ssize(store, s_capacity);
+        Py_ssize_t capacity = attr_ssize(store, a_store_capacity);
         if (capacity == -1 && PyErr_Occurred()) goto done_;
-        PyObject *starts = PyObject_GetAttr(store, s_cols[2]);
+        PyObject *starts = PyObject_GetAttr(store, a_store_start);
         if (!starts) goto done_;
         Py_ssize_t have = PyObject_Size(starts);
         Py_DECREF(starts);
@@ -559,16 +559,16 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         Py_ssize_t room = capacity - have > 0 ? capacity - have : 0;
         Py_ssize_t keep = nrows < room ? nrows : room;
         if (nrows > keep) {
-            Py_ssize_t dropped = attr_ssize(store, s_dropped);
+            Py_ssize_t dropped = attr_ssize(store, a_store_dropped);
             if (dropped == -1 && PyErr_Occurred()) goto done_;
             PyObject *v = PyLong_FromSsize_t(dropped + nrows - keep);
             if (!v) goto done_;
-            int r = PyObject_SetAttr(store, s_dropped, v);
+            int r = PyObject_SetAttr(store, a_store_dropped, v);
             Py_DECREF(v);
             if (r < 0) goto done_;
         }
-        PyObject *index = PyObject_GetAttr(store, s_name_index);
-        PyObject *namelist = index ? PyObject_GetAttr(store, s_names) : NULL;
+        PyObject *index = PyObject_GetAttr(store, a_store__name_index);
+        PyObject *namelist = index ? PyObject_GetAttr(store, a_store_names) : NULL;
         if (!namelist) { Py_XDECREF(index); goto done_; }
         long *cn = PyMem_Malloc(sizeof(long) * 2 * (size_t)(keep ? keep : 1));
         long long *cq = PyMem_Malloc(sizeof(long long) * 2 * (size_t)(keep ? keep : 1));
@@ -602,16 +602,16 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         Py_DECREF(index);
         Py_DECREF(namelist);
         if (!bad) {
-            bad = column_extend(store, s_cols[0], cn, sizeof(long), keep) < 0 ||
-                  column_extend(store, s_cols[1], cn + keep, sizeof(long), keep) < 0 ||
-                  column_extend(store, s_cols[2], cq, sizeof(long long), keep) < 0 ||
-                  column_extend(store, s_cols[3], cq + keep, sizeof(long long), keep) < 0;
+            bad = column_extend(store, a_store_name, cn, sizeof(long), keep) < 0 ||
+                  column_extend(store, a_store_track, cn + keep, sizeof(long), keep) < 0 ||
+                  column_extend(store, a_store_start, cq, sizeof(long long), keep) < 0 ||
+                  column_extend(store, a_store_end, cq + keep, sizeof(long long), keep) < 0;
         }
         PyMem_Free(cn);
         PyMem_Free(cq);
         if (bad) goto done_;
         if (keep) {
-            PyObject *sargs = PyObject_GetAttr(store, s_args_attr);
+            PyObject *sargs = PyObject_GetAttr(store, a_store_args);
             if (!sargs) goto done_;
             PyObject *part = PyList_New(keep);
             for (Py_ssize_t j = 0; part && j < keep; j++) {
@@ -624,7 +624,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             if (r < 0) goto done_;
         }
     }
-    result = Py_NewRef(later);
+    result = PyTuple_Pack(2, later, durations);
     goto done_;
 not_mine:
     result = Py_NewRef(Py_NotImplemented);
@@ -634,7 +634,7 @@ done_:
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
         PyObject *v = PyLong_FromLongLong(last_id);
-        if (!v || PyObject_SetAttr(store, s_last_id, v) < 0) Py_CLEAR(result);
+        if (!v || PyObject_SetAttr(store, a_store__last_id, v) < 0) Py_CLEAR(result);
         Py_XDECREF(v);
         if (exc_type) PyErr_Restore(exc_type, exc_value, exc_tb);
     }
@@ -645,9 +645,10 @@ done_:
     PyMem_Free(dev_of);
     PyMem_Free(track_of);
     Py_XDECREF(last_tl);
-    Py_XDECREF(last_pool);
+    Py_XDECREF(last_freed);
     timeline_clear(&tlc);
     Py_XDECREF(later);
+    Py_XDECREF(durations);
     if (argv)
         for (Py_ssize_t j = 0; j < n; j++) Py_XDECREF(argv[j]);
     PyMem_Free(argv);
@@ -664,20 +665,26 @@ static PyMethodDef resolve_methods[] = {
 };
 
 int gt_resolve_init(PyObject *m) {
-    static const struct {
-        PyObject **dst;
-        const char *name;
-    } strings[] = {
-        {&s_track, "track"}, {&s_device, "device"}, {&s_index, "index"}, {&s_query, "query"},
-        {&s_elapsed_attr, "_elapsed"}, {&s_anchors, "anchors"}, {&s_segment_ms, "segment_ms"},
-        {&s_host_ns, "host_ns"}, {&s_event_attr, "event"}, {&s_cuda_event, "cuda_event"}, {&s_names, "names"},
-        {&s_name_index, "_name_index"}, {&s_last_id, "_last_id"}, {&s_capacity, "capacity"},
-        {&s_dropped, "dropped"}, {&s_child_extent, "child_extent"}, {&s_locate, "locate"},
-        {&s_to_host_ns, "to_host_ns"}, {&s_add_ns, "add_ns"}, {&s_error, "error"}, {&s_frombytes, "frombytes"},
-        {&s_args_attr, "args"}, {&s_cols[0], "name"}, {&s_cols[1], "track"}, {&s_cols[2], "start"},
-        {&s_cols[3], "end"},
+#define X(what, name) \
+    if (!(a_##what##_##name = PyUnicode_InternFromString(#name))) return -1;
+    RESOLVE_FIELDS(X)
+#undef X
+    if (!(s_error = PyUnicode_InternFromString("error")) || !(s_frombytes = PyUnicode_InternFromString("frombytes")))
+        return -1;
+    static const char *fields[][2] = {
+#define X(what, name) {#what, #name},
+        RESOLVE_FIELDS(X)
+#undef X
     };
-    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
-        if (!(*strings[i].dst = PyUnicode_InternFromString(strings[i].name))) return -1;
+    Py_ssize_t n = (Py_ssize_t)(sizeof(fields) / sizeof(fields[0]));
+    PyObject *pairs = PyTuple_New(n);
+    if (!pairs) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = Py_BuildValue("(ss)", fields[i][0], fields[i][1]);
+        if (!pair) { Py_DECREF(pairs); return -1; }
+        PyTuple_SetItem(pairs, i, pair);
+    }
+    PyObject *layout = Py_BuildValue("(iN)", RESOLVE_LAYOUT_VERSION, pairs);
+    if (!layout || PyModule_AddObject(m, "RESOLVE_LAYOUT", layout) < 0) { Py_XDECREF(layout); return -1; }
     return PyModule_AddFunctions(m, resolve_methods);
 }

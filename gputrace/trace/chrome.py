@@ -33,23 +33,26 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from gputrace import native
 from gputrace.errors import TraceFormatError
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
-try:  # the C encoder of span events (same output as the Python loop below)
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace._hot import encode_events as _encode_events
-except ImportError:
-    _encode_events = None  # type: ignore[assignment]
-try:  # the C layout and encoder of a piece of a recorder's columns (same lanes and bytes again)
-    if _encode_events is None:
-        raise ImportError("no C encoder")
-    from gputrace._hot import encode_rows as _encode_rows
-    from gputrace._hot import nest_tracks as _nest_tracks
-except ImportError:
-    _encode_rows = _nest_tracks = None  # type: ignore[assignment]
+# The C encoder of span events (same output as the Python loop below), and the C layout and
+# encoder of a piece of a recorder's columns (same lanes and bytes again); None: the Python loops.
+_encode_events: Any = None
+_encode_rows: Any = None
+_nest_tracks: Any = None
+
+
+def _bind(hot: Any) -> None:
+    global _encode_events, _encode_rows, _nest_tracks
+    _encode_events, _encode_rows, _nest_tracks = (
+        (hot.encode_events, hot.encode_rows, hot.nest_tracks) if hot is not None else (None, None, None)
+    )
+
+
+native.on_switch(_bind)
 
 # ---- reading ------------------------------------------------------------------------------------
 
@@ -452,7 +455,7 @@ class Layout:
         """The lane of each span of this piece."""
         if self.fast_path and _nest_tracks is not None and _is_columns(tracks, starts, ends):
             # The usual case in C, every track at once; it changes nothing unless all nest.
-            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:  # type: ignore[arg-type]
+            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:
                 return [0] * len(starts)
         by_track: dict[int, list[int]] = {}
         for i, t in enumerate(tracks):
