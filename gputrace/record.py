@@ -72,6 +72,17 @@ the same order; importing gputrace fails when a C build disagrees, rather than a
 mid-run. Change the number with any change to what a slot holds."""
 
 
+STACK_LAYOUT: tuple[tuple[str, str], ...] = (
+    ("stack", "track"),  # _Stack's slots, in order
+    ("stack", "device"),
+    ("stack", "stream"),
+    ("local", "cuda"),  # HotState.local: a thread's stacks on devices and its host stack
+    ("local", "host"),
+)
+"""What the hot path reads beside `HotState`, declared once; the C build reports the same pairs
+(`STACK_LAYOUT`) and is refused at import where they differ."""
+
+
 def _no_device(*args: Any) -> Any:
     raise RuntimeError("gputrace: a device call on a recorder without a device")
 
@@ -786,6 +797,17 @@ def check_hot_layout(hot: Any) -> None:
         )
 
 
+def check_stack_layout(hot: Any) -> None:
+    """Raise ImportError unless the C build `hot` reads the stacks as STACK_LAYOUT declares."""
+    theirs = getattr(hot, "STACK_LAYOUT", None)
+    if theirs != STACK_LAYOUT:
+        raise ImportError(
+            f"gputrace's C hot path ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
+            f"stacks as {theirs!r}, this gputrace declares {STACK_LAYOUT!r}; rebuild it with `pip install -e .` "
+            "(or set GPUTRACE_PURE_PYTHON=1)"
+        )
+
+
 _hot: Any = None  # the C build in use (gputrace.native decides), or None: the Python twin
 _split_c: Any = None  # flush's split in C for the C hot path's spans (_split_finished is the reference)
 
@@ -802,6 +824,7 @@ def _bind(hot: Any) -> None:
     global _hot, _split_c, HOT_UNUSED_BECAUSE
     if hot is not None:
         check_hot_layout(hot)
+        check_stack_layout(hot)
     old = _hot
     if old is not None and old is not hot:
         old.install(None, False)  # the old build keeps no recorder

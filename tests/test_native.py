@@ -212,3 +212,15 @@ def test_a_switch_to_a_refused_build_changes_nothing(monkeypatch: pytest.MonkeyP
         assert native.hot is None and record._hot is None and resolve._resolve_c is None
         monkeypatch.undo()
     assert native.hot is hot
+
+
+def test_the_stack_layout_is_the_stacks_and_the_c_builds() -> None:
+    assert tuple(n for w, n in record.STACK_LAYOUT if w == "stack") == record._Stack.__slots__
+    if native.hot is not None:
+        assert native.hot.STACK_LAYOUT == record.STACK_LAYOUT
+
+    class Stale:
+        STACK_LAYOUT = record.STACK_LAYOUT[::-1]
+
+    with pytest.raises(ImportError, match="reads stacks as"):
+        record.check_stack_layout(Stale)

@@ -85,6 +85,10 @@ typedef struct {
         Py_XDECREF(_old);           \
     } while (0)
 
+/* record.STACK_LAYOUT: what the hot path reads beside HotState, of a stack (record._Stack) and of
+ * HotState.local (a thread's stacks), in the same order. */
+#define STACK_FIELDS(X) X(stack, track) X(stack, device) X(stack, stream) X(local, cuda) X(local, host)
+
 /* resolve.RESOLVE_LAYOUT: (what, attribute) for every attribute resolve and flush's split read of
  * the objects they are handed, in the same order; RESOLVE_LAYOUT_VERSION is the same number. */
 #define RESOLVE_LAYOUT_VERSION 1
@@ -118,6 +122,9 @@ PyObject *gt_array_bytes(PyObject *arr, size_t itemsize, Py_ssize_t *n);
 
 /* digest.c: an int64 column's items where they lie (or a copy to release in *keep). */
 const void *gt_column_items(PyObject *col, Py_ssize_t *n, PyObject **keep);
+
+/* A tuple of (what, attribute) pairs from a FIELDS list (module.c): the layouts' Python side. */
+PyObject *gt_layout_pairs(const char *(*fields)[2], Py_ssize_t n);
 
 /* Each stage adds its functions and types to the module (0, or -1 with an exception set);
  * gt_span_init first: the others use its types. */

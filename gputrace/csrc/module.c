@@ -1,5 +1,6 @@
 /* The module gputrace._hot: each stage (span.c, resolve.c, encode.c, digest.c, writer.c) adds its
- * functions and types; LAYOUT is what the hot path reads, for gputrace.native to check. */
+ * functions and types; LAYOUT, STACK_LAYOUT and RESOLVE_LAYOUT say what they read, for the
+ * modules that declare those to check at import (record.py, resolve.py). */
 #include "hot.h"
 
 static struct PyModuleDef hot_module = {
@@ -22,6 +23,17 @@ static PyObject *layout_tuple(void) {
         PyTuple_SetItem(slots, i, s);
     }
     return Py_BuildValue("(iN)", HOT_LAYOUT, slots);
+}
+
+PyObject *gt_layout_pairs(const char *(*fields)[2], Py_ssize_t n) {
+    PyObject *pairs = PyTuple_New(n);
+    if (!pairs) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = Py_BuildValue("(ss)", fields[i][0], fields[i][1]);
+        if (!pair) { Py_DECREF(pairs); return NULL; }
+        PyTuple_SetItem(pairs, i, pair);
+    }
+    return pairs;
 }
 
 PyMODINIT_FUNC PyInit__hot(void) {

@@ -676,15 +676,8 @@ int gt_resolve_init(PyObject *m) {
         RESOLVE_FIELDS(X)
 #undef X
     };
-    Py_ssize_t n = (Py_ssize_t)(sizeof(fields) / sizeof(fields[0]));
-    PyObject *pairs = PyTuple_New(n);
-    if (!pairs) return -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = Py_BuildValue("(ss)", fields[i][0], fields[i][1]);
-        if (!pair) { Py_DECREF(pairs); return -1; }
-        PyTuple_SetItem(pairs, i, pair);
-    }
-    PyObject *layout = Py_BuildValue("(iN)", RESOLVE_LAYOUT_VERSION, pairs);
+    PyObject *pairs = gt_layout_pairs(fields, (Py_ssize_t)(sizeof(fields) / sizeof(fields[0])));
+    PyObject *layout = pairs ? Py_BuildValue("(iN)", RESOLVE_LAYOUT_VERSION, pairs) : NULL;
     if (!layout || PyModule_AddObject(m, "RESOLVE_LAYOUT", layout) < 0) { Py_XDECREF(layout); return -1; }
     return PyModule_AddFunctions(m, resolve_methods);
 }

@@ -16,7 +16,11 @@ static PyObject *g_disabled;   /* dict: name -> shared disabled handle */
 static PyObject *g_slow;       /* record._span_slow(name, kwargs) */
 static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
 
-static PyObject *s_host, *s_cuda, *s_track, *s_stream, *s_device, *s_name;
+/* One interned name per STACK_FIELDS entry, a_<what>_<attribute>: what is read, declared once. */
+#define X(what, name) static PyObject *a_##what##_##name;
+STACK_FIELDS(X)
+#undef X
+static PyObject *s_name; /* a function's __name__ (Python's, not the layout's) */
 
 PyTypeObject *gt_SpanType;
 
@@ -143,7 +147,7 @@ static int mono_ns(State *st, long long *out) {
 static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
     *dev_out = NULL;
     if (s->cuda && st->has_dev) {
-        PyObject *stacks = PyObject_GetAttr(st->local, s_cuda);
+        PyObject *stacks = PyObject_GetAttr(st->local, a_local_cuda);
         if (!stacks) { PyErr_Clear(); return NULL; }
         PyObject *dev = PyObject_CallNoArgs(st->cur_dev);
         if (!dev) { Py_DECREF(stacks); return NULL; }
@@ -163,7 +167,7 @@ static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
     /* A thread's host stack never changes for one recorder: the last thread's is kept. */
     uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
     if (st->host_stack && st->host_tid == tid) return Py_NewRef(st->host_stack);
-    PyObject *stack = PyObject_GetAttr(st->local, s_host);
+    PyObject *stack = PyObject_GetAttr(st->local, a_local_host);
     if (!stack) {
         PyErr_Clear();
         return NULL;
@@ -192,7 +196,7 @@ static PyObject *pooled_event(State *st, PyObject *dev) {
 }
 
 static int record_on(State *st, PyObject *ev, PyObject *stack) {
-    PyObject *stream = PyObject_GetAttr(stack, s_stream);
+    PyObject *stream = PyObject_GetAttr(stack, a_stack_stream);
     if (!stream) return -1;
     PyObject *r = PyObject_CallFunctionObjArgs(st->record, ev, stream, NULL);
     Py_DECREF(stream);
@@ -259,7 +263,7 @@ static PyObject *close_span(State *st, Span *s) {
         if (!record_end) Py_RETURN_NONE;
         stack = s->stack;
     }
-    PyObject *dev = gt_span_on_host(s) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, s_device); /* host: none */
+    PyObject *dev = gt_span_on_host(s) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, a_stack_device); /* host: none */
     if (!dev) return NULL;
     if (dev != Py_None) {
         PyObject *ev = pooled_event(st, dev);
@@ -449,7 +453,7 @@ static PyObject *Span_call(Span *self, PyObject *args, PyObject *kw) {
 
 static PyObject *Span_track(Span *self, void *closure) {
     if (!self->stack || self->stack == Py_None) Py_RETURN_NONE;
-    return PyObject_GetAttr(self->stack, s_track);
+    return PyObject_GetAttr(self->stack, a_stack_track);
 }
 
 static PyObject *Span_repr(Span *self) { return PyUnicode_FromFormat("<gputrace span %R>", self->name); }
@@ -843,10 +847,18 @@ static PyMethodDef span_methods[] = {
 };
 
 int gt_span_init(PyObject *m) {
-    if (!(s_host = PyUnicode_InternFromString("host")) || !(s_cuda = PyUnicode_InternFromString("cuda")) ||
-        !(s_track = PyUnicode_InternFromString("track")) || !(s_stream = PyUnicode_InternFromString("stream")) ||
-        !(s_device = PyUnicode_InternFromString("device")) || !(s_name = PyUnicode_InternFromString("__name__")))
-        return -1;
+#define X(what, name) \
+    if (!(a_##what##_##name = PyUnicode_InternFromString(#name))) return -1;
+    STACK_FIELDS(X)
+#undef X
+    if (!(s_name = PyUnicode_InternFromString("__name__"))) return -1;
+    static const char *fields[][2] = {
+#define X(what, name) {#what, #name},
+        STACK_FIELDS(X)
+#undef X
+    };
+    PyObject *layout = gt_layout_pairs(fields, (Py_ssize_t)(sizeof(fields) / sizeof(fields[0])));
+    if (!layout || PyModule_AddObject(m, "STACK_LAYOUT", layout) < 0) { Py_XDECREF(layout); return -1; }
     if (PyModule_AddFunctions(m, span_methods) < 0) return -1;
     gt_SpanType = (PyTypeObject *)PyType_FromSpec(&Span_spec);
     if (!gt_SpanType || PyModule_AddObject(m, "Span", Py_NewRef((PyObject *)gt_SpanType)) < 0) return -1;
