@@ -91,10 +91,18 @@ class TimerRecord:
         return timed  # type: ignore[return-value]
 
     def add_ns(self, ns: int) -> None:
-        """Called by the recorder's flush with each resolved span's duration (resolve gives them)."""
+        """One finished call's duration."""
         self._total_ns += ns
         self._last_ns = ns
         self._resolved += 1
+
+    def add_durations(self, ns: list[int]) -> None:
+        """The durations of this timer's calls that one flush resolved, in order (resolve gives
+        them per owner; the recorder hands them here)."""
+        if ns:
+            self._total_ns += sum(ns)
+            self._last_ns = ns[-1]
+            self._resolved += len(ns)
 
     # -- values (seconds, as nanotron) --
     def _settle(self) -> None:

@@ -567,8 +567,13 @@ class Recorder:
                 later, freed, durations = resolve(done, self.timelines, self.clock, self.store)
                 for pool, events in zip(self.pools, freed):
                     pool.extend(events)  # the events are the pool's again
-                for owner, ns in durations:
-                    owner.add_ns(ns)  # the timer facade's totals
+                for owner, ns in durations.items():  # the timer facade adds its own totals
+                    add = getattr(owner, "add_durations", None)
+                    if add is not None:
+                        add(ns)
+                    else:
+                        for d in ns:
+                            owner.add_ns(d)
             if later or waiting:
                 held[:0] = later + waiting
             check_at = len(held) + self.config.max_pending

@@ -30,7 +30,7 @@ class Resolved(NamedTuple):
 
     later: list[Span]  # spans whose events lie after the newest anchor of their device
     freed: list[list[Any]]  # per device: the events of the spans resolved, each span's start then end
-    durations: list[tuple[Any, int]]  # (owner, ns) for each resolved span with an owner, in order
+    durations: dict[Any, list[int]]  # per owner (a timer): the ns of each of its spans resolved, in order
 
 
 class SpanStore:
@@ -119,7 +119,7 @@ def resolve_py(
     `freed` (one list per timeline) is the list the events go to (new lists by default)."""
     if freed is None:
         freed = [[] for _ in timelines]
-    durations: list[tuple[Any, int]] = []
+    durations: dict[Any, list[int]] = {}
     later: list[Span] = []
     offset = clock.epoch_offset_ns
     names: list[str] = []
@@ -165,7 +165,10 @@ def resolve_py(
         ends.append(end)
         argss.append(args)
         if s.owner is not None:
-            durations.append((s.owner, end - start))
+            ns = durations.get(s.owner)
+            if ns is None:
+                ns = durations[s.owner] = []
+            ns.append(end - start)
     store.extend(names, tracks, starts, ends, argss)
     return Resolved(later, freed, durations)
 

@@ -157,8 +157,7 @@ def test_resolve_gives_freed_events_and_durations_and_touches_no_pool_or_owner(c
         got = resolve.resolve(done, rec.timelines, rec.clock, store)
         assert got.later == [] and len(store) == 3
         assert got.freed == [[e for pair in events for e in pair]]  # each span's start, then end
-        assert [o for o, _ in got.durations] == [owner, owner] and owner.ns == []
-        assert [ns for _, ns in got.durations] == [store.end[i] - store.start[i] for i in (1, 2)]
+        assert got.durations == {owner: [store.end[i] - store.start[i] for i in (1, 2)]} and owner.ns == []
         assert [list(p) for p in rec.pools] == pools  # the recorder refills its pools, not resolve
 
 

@@ -411,7 +411,7 @@ PyDoc_STRVAR(resolve_doc,
              "resolve($module, done, offset, store, timelines, freed, rounding_ns, timeline_type, /)\n--\n\n"
              "resolve.resolve for spans of this module's Span type: append every span of `done` that its\n"
              "device's anchors cover to `store`, each resolved device span's events to freed[device], and\n"
-             "return (those that wait for a newer anchor, [(owner, ns) of each owned span]). NotImplemented\n"
+             "return (those that wait for a newer anchor, {owner: [ns of each of its spans]}). NotImplemented\n"
              "(nothing done) when a span is of another type: the Python twin resolves those.");
 
 typedef struct {
@@ -447,7 +447,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         if (r < 0) goto done_;
         if (r > 0) goto not_mine;
     }
-    if (!(later = PyList_New(0)) || !(durations = PyList_New(0))) goto done_;
+    if (!(later = PyList_New(0)) || !(durations = PyDict_New())) goto done_;
     if (!(extent = PyObject_GetAttr(store, a_store_child_extent))) goto done_;
     if (!PyDict_Check(extent)) { PyErr_SetString(PyExc_TypeError, "resolve: child_extent is not a dict"); goto done_; }
     {
@@ -541,8 +541,16 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         names[nrows] = Py_NewRef(s->name);
         nrows++;
         if (s->owner && s->owner != Py_None) {
-            PyObject *d = Py_BuildValue("(OL)", s->owner, end - start);
-            int r = d ? PyList_Append(durations, d) : -1;
+            /* Grouped per owner: its timer adds a flush's durations in one call. */
+            PyObject *ns = PyDict_GetItemWithError(durations, s->owner); /* borrowed */
+            if (!ns) {
+                if (PyErr_Occurred() || !(ns = PyList_New(0))) goto done_;
+                int r = PyDict_SetItem(durations, s->owner, ns);
+                Py_DECREF(ns); /* the dict holds it */
+                if (r < 0) goto done_;
+            }
+            PyObject *d = PyLong_FromLongLong(end - start);
+            int r = d ? PyList_Append(ns, d) : -1;
             Py_XDECREF(d);
             if (r < 0) goto done_;
         }
