@@ -8,8 +8,9 @@ Gives: `hot`, the C module in use (None: the Python twins), `UNUSED_BECAUSE` (wh
 `hot` at call time). A bind may refuse a build by raising ImportError (a layout that disagrees
 with the one declared in Python): at import that fails the import, loudly, not a span mid-run.
 
-A switch applies to handles made and recorders built after it (the hot path binds at recorder
-construction); the recorder in use is re-installed in the new implementation.
+A switch applies to handles made after it; the recorder in use goes on in the new implementation.
+Switch with no span open: one open across a switch is closed by the implementation that opened it,
+which no longer holds the recorder (it is not recorded).
 """
 
 from __future__ import annotations

@@ -841,8 +841,9 @@ def _bind(hot: Any) -> None:
         hot.set_capture(CAPTURES[0])
     else:
         globals().update(Span=PySpan, OptSpan=PyOptSpan, span=_py_span, DisabledSpan=_DisabledSpan)
-    if old is not hot and (RECORDER is not None or ACTIVE is not None):
-        set_recorder(RECORDER, ACTIVE)  # the recorder in use, into the new implementation
+    if old is not hot and ACTIVE is not None:  # the recorder in use goes on in the new implementation
+        ACTIVE.open, ACTIVE.close = (hot.open, hot.close) if hot is not None else (ACTIVE._open_py, ACTIVE._close_py)
+        set_recorder(RECORDER, ACTIVE)
 
 
 CAPTURES = [0]  # CUDA graph captures under way, as torch.cuda.CUDAGraph reports them
