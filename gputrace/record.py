@@ -562,18 +562,15 @@ class Recorder:
                 devices = sorted({s.stack.device for s in done} - {None})  # type: ignore[arg-type]
             for dev in devices:
                 self._anchor(dev)
-            later: list[Span] = []
             if done:
                 later, freed, durations = resolve(done, self.timelines, self.clock, self.store)
-                for pool, events in zip(self.pools, freed):
-                    pool.extend(events)  # the events are the pool's again
-                for owner, ns in durations.items():  # the timer facade adds its own totals
-                    add = getattr(owner, "add_durations", None)
-                    if add is not None:
-                        add(ns)
-                    else:
-                        for d in ns:
-                            owner.add_ns(d)
+                if freed:  # a list per device (none on a host-only recorder)
+                    for pool, events in zip(self.hot.pools, freed):
+                        pool.extend(events)  # the events are the pool's again
+                if durations:
+                    _hand_durations(durations)
+            else:
+                later = []
             if later or waiting:
                 held[:0] = later + waiting
             check_at = len(held) + self.config.max_pending
@@ -626,6 +623,18 @@ class Recorder:
             self.store.dropped = 0
             self.store.child_extent.clear()
             self.skipped_in_capture = 0
+
+
+def _hand_durations(durations: dict[Any, list[int]]) -> None:
+    """Each owner (a timer) its spans' durations from one resolve: the timer facade adds its own
+    totals (`add_durations`; `add_ns` a span at a time for an owner without it)."""
+    for owner, ns in durations.items():
+        add = getattr(owner, "add_durations", None)
+        if add is not None:
+            add(ns)
+        else:
+            for d in ns:
+                owner.add_ns(d)
 
 
 def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:

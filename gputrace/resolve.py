@@ -3,10 +3,10 @@ nothing but the store it fills and the spans it resolves.
 
 Takes: spans the GPU has finished (their device events) or host spans (monotonic ns), the
 device timelines of anchors, and the host clock.
-Gives: rows appended to a columnar `SpanStore` (interned names, int ns), and a `Resolved`: the
+Gives: rows appended to a columnar `SpanStore` (interned names, int ns), and `Resolved`: the
 spans that must wait for a newer anchor, the events the resolved spans no longer need (per
-device; the recorder returns them to its pools) and each owned span's duration (the recorder
-hands them to their timers).
+device; the recorder returns them to its pools) and the owned spans' durations (per owner; the
+recorder hands them to their timers).
 
 What resolve reads of the objects it is handed (a span's stack and track, the store, the
 timelines, their anchors and events) is `RESOLVE_LAYOUT`, declared here once; the C loop
@@ -16,7 +16,7 @@ timelines, their anchors and events) is `RESOLVE_LAYOUT`, declared here once; th
 from __future__ import annotations
 
 from array import array
-from typing import Any, NamedTuple
+from typing import Any
 
 from gputrace import native
 from gputrace.clock import Anchor, DeviceTimeline, HostClock
@@ -25,12 +25,11 @@ from gputrace.trace.model import intern
 Span = Any  # a closed span: record.Span, record.PySpan or a copy (resolve needs no more than the layout)
 
 
-class Resolved(NamedTuple):
-    """What a resolve gives besides the rows."""
-
-    later: list[Span]  # spans whose events lie after the newest anchor of their device
-    freed: list[list[Any]]  # per device: the events of the spans resolved, each span's start then end
-    durations: dict[Any, list[int]]  # per owner (a timer): the ns of each of its spans resolved, in order
+Resolved = tuple[list[Span], list[list[Any]], dict[Any, list[int]]]
+"""What a resolve gives besides the rows: (later, freed, durations). `later`: the spans whose events
+lie after the newest anchor of their device; `freed`: per device, the events of the spans resolved,
+each span's start then end; `durations`: per owner (a timer), the ns of each of its spans resolved,
+in order. A plain tuple: a flush a step makes one, and a named one costs more to build."""
 
 
 class SpanStore:
@@ -100,25 +99,16 @@ def resolve(done: list[Span], timelines: list[DeviceTimeline], clock: HostClock,
 
     The C build does this in one loop for spans of its own type (the ones the C hot path makes);
     `resolve_py` is the reference, and resolves any other span (a snapshot's copies)."""
-    freed: list[list[Any]] = [[] for _ in timelines]
     if _resolve_c is not None:
-        got = _resolve_c(done, clock.epoch_offset_ns, store, timelines, freed, ROUNDING_NS, DeviceTimeline)
+        got = _resolve_c(done, clock.epoch_offset_ns, store, timelines, None, ROUNDING_NS, DeviceTimeline)
         if got is not NotImplemented:
-            return Resolved(got[0], freed, got[1])
-    return resolve_py(done, timelines, clock, store, freed)
+            return got  # type: ignore[no-any-return]
+    return resolve_py(done, timelines, clock, store)
 
 
-def resolve_py(
-    done: list[Span],
-    timelines: list[DeviceTimeline],
-    clock: HostClock,
-    store: SpanStore,
-    freed: list[list[Any]] | None = None,
-) -> Resolved:
-    """`resolve` in Python: the reference for the C loop, and the path for every other span.
-    `freed` (one list per timeline) is the list the events go to (new lists by default)."""
-    if freed is None:
-        freed = [[] for _ in timelines]
+def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClock, store: SpanStore) -> Resolved:
+    """`resolve` in Python: the reference for the C loop, and the path for every other span."""
+    freed: list[list[Any]] = [[] for _ in timelines]
     durations: dict[Any, list[int]] = {}
     later: list[Span] = []
     offset = clock.epoch_offset_ns
@@ -170,7 +160,7 @@ def resolve_py(
                 ns = durations[s.owner] = []
             ns.append(end - start)
     store.extend(names, tracks, starts, ends, argss)
-    return Resolved(later, freed, durations)
+    return later, freed, durations
 
 
 def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, end: int) -> tuple[int, int]:

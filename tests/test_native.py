@@ -153,10 +153,10 @@ def test_resolve_gives_freed_events_and_durations_and_touches_no_pool_or_owner(c
         rec._anchor(0)
         pools = [list(p) for p in rec.pools]
         store = SpanStore(100)
-        got = resolve.resolve(done, rec.timelines, rec.clock, store)
-        assert got.later == [] and len(store) == 3
-        assert got.freed == [[e for pair in events for e in pair]]  # each span's start, then end
-        assert got.durations == {owner: [store.end[i] - store.start[i] for i in (1, 2)]} and owner.ns == []
+        later, freed, durations = resolve.resolve(done, rec.timelines, rec.clock, store)
+        assert later == [] and len(store) == 3
+        assert freed == [[e for pair in events for e in pair]]  # each span's start, then end
+        assert durations == {owner: [store.end[i] - store.start[i] for i in (1, 2)]} and owner.ns == []
         assert [list(p) for p in rec.pools] == pools  # the recorder refills its pools, not resolve
 
 

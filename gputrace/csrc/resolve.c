@@ -410,8 +410,9 @@ out:
 PyDoc_STRVAR(resolve_doc,
              "resolve($module, done, offset, store, timelines, freed, rounding_ns, timeline_type, /)\n--\n\n"
              "resolve.resolve for spans of this module's Span type: append every span of `done` that its\n"
-             "device's anchors cover to `store`, each resolved device span's events to freed[device], and\n"
-             "return (those that wait for a newer anchor, {owner: [ns of each of its spans]}). NotImplemented\n"
+             "device's anchors cover to `store`, each resolved device span's events to freed[device] (None:\n"
+             "new lists, one per timeline), and\n"
+             "return (those that wait for a newer anchor, freed, {owner: [ns of each of its spans]}). NotImplemented\n"
              "(nothing done) when a span is of another type: the Python twin resolves those.");
 
 typedef struct {
@@ -436,7 +437,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
     PyObject **names = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
     PyObject **argv = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *)); /* each row's args, owned */
     PyObject *later = NULL, *durations = NULL, *extent = NULL, *result = NULL;
-    PyObject *last_tl = NULL, *last_freed = NULL; /* owned */
+    PyObject *last_tl = NULL, *last_freed = NULL, *freed_made = NULL; /* owned */
     Py_ssize_t last_tl_dev = -1;
     long long last_id = 0;
     int have_last_id = 0;
@@ -448,6 +449,15 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         if (r > 0) goto not_mine;
     }
     if (!(later = PyList_New(0)) || !(durations = PyDict_New())) goto done_;
+    if (freed == Py_None) { /* one list per timeline, made here: a Python comprehension costs more */
+        Py_ssize_t ntl = PySequence_Size(timelines);
+        if (ntl < 0 || !(freed = freed_made = PyList_New(ntl))) goto done_;
+        for (Py_ssize_t k = 0; k < ntl; k++) {
+            PyObject *l = PyList_New(0);
+            if (!l) goto done_;
+            PyList_SetItem(freed_made, k, l); /* steals it */
+        }
+    }
     if (!(extent = PyObject_GetAttr(store, a_store_child_extent))) goto done_;
     if (!PyDict_Check(extent)) { PyErr_SetString(PyExc_TypeError, "resolve: child_extent is not a dict"); goto done_; }
     {
@@ -632,7 +642,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             if (r < 0) goto done_;
         }
     }
-    result = PyTuple_Pack(2, later, durations);
+    result = PyTuple_Pack(3, later, freed, durations);
     goto done_;
 not_mine:
     result = Py_NewRef(Py_NotImplemented);
@@ -654,6 +664,7 @@ done_:
     PyMem_Free(track_of);
     Py_XDECREF(last_tl);
     Py_XDECREF(last_freed);
+    Py_XDECREF(freed_made);
     timeline_clear(&tlc);
     Py_XDECREF(later);
     Py_XDECREF(durations);
