@@ -59,7 +59,7 @@ typedef struct {
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
- * `with` statement calls __enter__ and __exit__ (Slot, below) through it: no argument tuple. */
+ * `with` statement calls __enter__ and __exit__ (Slot, in span.c) through it: no argument tuple. */
 #ifndef Py_TPFLAGS_HAVE_VECTORCALL
 #define Py_TPFLAGS_HAVE_VECTORCALL (1UL << 11)
 #endif

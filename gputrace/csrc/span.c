@@ -11,7 +11,7 @@ static State *g_state;      /* the installed recorder's state, or NULL: nothing 
 static int g_recording;     /* spans open (recording on); implies g_state */
 static int g_capture;       /* CUDA graph captures under way (torch.cuda.CUDAGraph, watched from Python) */
 
-/* bound once, at import of record.py */
+/* bound at import of record.py (and again at each gputrace.native switch to this build) */
 static PyObject *g_disabled;   /* dict: name -> shared disabled handle */
 static PyObject *g_slow;       /* record._span_slow(name, kwargs) */
 static PyObject *g_traced;     /* record.traced(fn, name, args, cuda, sync) */
