@@ -8,14 +8,16 @@
  *   encode.c   Chrome JSON encoding, overflow lanes, nesting from the columns
  *   digest.c   the per-span loops of digest.Builder
  *   writer.c   the thread that writes encoded buffers behind the encoder
- *   module.c   the module: each stage's methods and types, LAYOUT and RESOLVE_LAYOUT
+ *   module.c   the module: each stage adds its methods and types; LAYOUT
  * Built against the limited API, so one binary serves every Python from 3.10 on.
  *
  * What the hot path reads is record.HotState, declared there once: HOT_FIELDS below lists its
- * slots in the same order and HOT_LAYOUT is the same number; gputrace.native refuses a build
- * whose LAYOUT differs. What resolve reads of spans' tracks, the store and the timelines is
- * resolve.RESOLVE_LAYOUT, declared there once and listed in RESOLVE_FIELDS below, checked the
- * same way. Names shared between files carry a gt_ prefix; everything else stays static.
+ * slots in the same order and HOT_LAYOUT is the same number; record.py refuses a build whose
+ * LAYOUT differs (at import, or at a gputrace.native switch). What else it reads of stacks is
+ * record.STACK_LAYOUT (STACK_FIELDS); what resolve reads of spans' tracks, the store and the
+ * timelines is resolve.RESOLVE_LAYOUT (RESOLVE_FIELDS): each declared there once, listed below,
+ * reported by the build and checked the same way. Names shared between files carry a gt_ prefix;
+ * everything else stays static.
  */
 #ifndef GPUTRACE_HOT_H
 #define GPUTRACE_HOT_H
