@@ -5,6 +5,7 @@ builds the extension here; the twin tests ask it whether a missing build is an e
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sysconfig
@@ -32,7 +33,9 @@ if __name__ == "__main__":
         ext_modules=[
             Extension(
                 "gputrace._hot",
-                ["gputrace/_hot.c"],
+                # One extension from the C files of gputrace/csrc/, one per stage (hot.h is shared).
+                sorted(glob.glob("gputrace/csrc/*.c")),
+                depends=glob.glob("gputrace/csrc/*.h"),
                 define_macros=[("Py_LIMITED_API", "0x030A0000")],
                 py_limited_api=True,
                 # A failed build still installs (pure Python); the twin tests then fail here.

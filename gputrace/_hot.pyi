@@ -1,4 +1,5 @@
-"""The C hot path (`_hot.c`). Its Python twin, and the state both read, are in `record.py`."""
+"""The C build (`csrc/*.c`, one extension in files by stage). Its Python twins, and the state the
+hot path reads, are in `record.py`, `resolve.py`, `trace/` and `digest.py`."""
 
 from array import array
 from collections.abc import Callable
@@ -12,6 +13,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 LAYOUT: tuple[int, tuple[str, ...]]
 """(HOT_LAYOUT, HotState's slot names), as this build reads them."""
+STACK_LAYOUT: tuple[tuple[str, str], ...]
+"""record.STACK_LAYOUT, as this build reads it."""
+RESOLVE_LAYOUT: tuple[int, tuple[tuple[str, str], ...]]
+"""(resolve.RESOLVE_LAYOUT_VERSION, resolve.RESOLVE_LAYOUT), as this build reads them."""
 
 class Span:
     """One span: the handle span() returns, and the record the recorder keeps."""
@@ -71,11 +76,11 @@ def resolve(
     offset: int,
     store: SpanStore,
     timelines: list[DeviceTimeline],
-    pools: list[list[Any]],
+    freed: list[list[Any]] | None,
     rounding_ns: int,
     timeline_type: type[DeviceTimeline],
     /,
-) -> list[Any]: ...
+) -> tuple[list[Any], list[list[Any]], dict[Any, list[int]]]: ...
 def nest_tracks(
     lanes: dict[int, list[tuple[list[int], list[int]]]],
     tracks: array[int],

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 from gputrace import record, session
 from gputrace.dist import rank_info
-from gputrace.record import OptSpan, PyOptSpan, TimerType, warn_once
+from gputrace.record import PyOptSpan, TimerType, warn_once
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,7 +58,7 @@ class TimerRecord:
         """Start one call of the timer; pair with `.end()`."""
         rec = record.current()
         if rec is not None:
-            s = OptSpan(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
+            s = record.OptSpan(self.name, None, self.timer_type is TimerType.CUDA, self.cuda_sync, self)
             rec.open(s)
             if s.stack is not None:
                 self._running.append(s)
@@ -91,10 +91,18 @@ class TimerRecord:
         return timed  # type: ignore[return-value]
 
     def add_ns(self, ns: int) -> None:
-        """Called by the resolver for each finished span of this timer."""
+        """One finished call's duration."""
         self._total_ns += ns
         self._last_ns = ns
         self._resolved += 1
+
+    def add_durations(self, ns: list[int]) -> None:
+        """The durations of this timer's calls that one flush resolved, in order (resolve gives
+        them per owner; the recorder hands them here)."""
+        if ns:
+            self._total_ns += sum(ns)
+            self._last_ns = ns[-1]
+            self._resolved += len(ns)
 
     # -- values (seconds, as nanotron) --
     def _settle(self) -> None:

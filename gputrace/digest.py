@@ -45,7 +45,7 @@ from itertools import compress, repeat
 from operator import sub
 from typing import Any
 
-from gputrace import stats
+from gputrace import native, stats
 from gputrace.errors import GputraceError, GputraceWarning
 from gputrace.trace import digestfile
 from gputrace.trace.digestfile import COLL, COLL_TRUE, FORMAT, UNFINISHED, digest_path
@@ -423,18 +423,17 @@ def _fold_py(
     return (*columns, [c[0] for c in cells], [c[1] for c in cells], list(cells.values()))
 
 
-def _c_loops() -> tuple[Any, Any]:
-    """The C build's loops (None, None where it is not built or GPUTRACE_PURE_PYTHON is set)."""
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        return None, None
-    try:
-        from gputrace import _hot
-    except ImportError:
-        return None, None
-    return getattr(_hot, "digest_rows", None), getattr(_hot, "digest_fold", None)
+def _c_loops(hot: Any) -> None:
+    """Bind the C build's loops (None, None where gputrace.native has the Python twins in use)."""
+    global _rows_c, _fold_c
+    _rows_c, _fold_c = (
+        (getattr(hot, "digest_rows", None), getattr(hot, "digest_fold", None)) if hot is not None else (None, None)
+    )
 
 
-_rows_c, _fold_c = _c_loops()
+_rows_c: Any = None
+_fold_c: Any = None
+native.on_switch(_c_loops)
 
 
 def _rows(*a: Any) -> tuple[list[int], int, int]:

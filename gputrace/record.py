@@ -10,7 +10,7 @@ come from a pool; the stream is looked up by its raw handle through a cache, nev
 `torch.cuda.current_stream()`; no strings, dicts, logging or synchronisation. Everything else
 (new tracks, misuse, anchoring, resolving) lives in slow paths the hot path reaches rarely.
 
-The hot path exists twice: `_hot.c` (used when built) and this module's `PySpan`, `_py_span`,
+The hot path exists twice: `csrc/span.c` (used when built) and this module's `PySpan`, `_py_span`,
 `Recorder._open_py` / `_close_py` (the reference, and the fallback). Both read one declared
 state, `HotState`, and call the same slow paths here; the test suite runs against both.
 """
@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from gputrace import native
 from gputrace.clock import DeviceTimeline, HostClock, take_anchor
 from gputrace.config import Config
 from gputrace.errors import GputraceWarning
@@ -67,9 +68,20 @@ class _Stack(list["PySpan"]):
 
 
 HOT_LAYOUT = 1
-"""The version of `HotState`'s layout. `_hot.c` declares the same number and the same slots in
+"""The version of `HotState`'s layout. `csrc/hot.h` declares the same number and the same slots in
 the same order; importing gputrace fails when a C build disagrees, rather than a span failing
 mid-run. Change the number with any change to what a slot holds."""
+
+
+STACK_LAYOUT: tuple[tuple[str, str], ...] = (
+    ("stack", "track"),  # _Stack's slots, in order
+    ("stack", "device"),
+    ("stack", "stream"),
+    ("local", "cuda"),  # HotState.local: a thread's stacks on devices and its host stack
+    ("local", "host"),
+)
+"""What the hot path reads beside `HotState`, declared once; the C build reports the same pairs
+(`STACK_LAYOUT`) and is refused at import where they differ."""
 
 
 def _no_device(*args: Any) -> Any:
@@ -79,7 +91,7 @@ def _no_device(*args: Any) -> Any:
 class HotState:
     """Everything the span hot path reads, declared once for both of its implementations.
 
-    The C path reads these slots, in this order, when the recorder is installed (`_hot.c`,
+    The C path reads these slots, in this order, when the recorder is installed (`csrc/hot.h`,
     `HOT_FIELDS`), and swaps its whole copy at once; the Python twin reads them by name. The
     containers are the recorder's own and only ever change in place; `check_at` is the one
     value that changes, through `Recorder._check_at` (which tells the C path)."""
@@ -555,7 +567,15 @@ class Recorder:
                 devices = sorted({s.stack.device for s in done} - {None})  # type: ignore[arg-type]
             for dev in devices:
                 self._anchor(dev)
-            later = resolve(done, self.timelines, self.clock, self.store, self.pools) if done else []
+            if done:
+                later, freed, durations = resolve(done, self.timelines, self.clock, self.store)
+                if freed:  # a list per device (none on a host-only recorder)
+                    for pool, events in zip(self.hot.pools, freed):
+                        pool.extend(events)  # the events are the pool's again
+                if durations:
+                    _hand_durations(durations)
+            else:
+                later = []
             if later or waiting:
                 held[:0] = later + waiting
             check_at = len(held) + self.config.max_pending
@@ -595,8 +615,9 @@ class Recorder:
                     self.device.synchronize()
                     for dev in sorted({c.stack.device for c in copies if c.stack.device is not None}):
                         self._anchor(dev)
-                pools: list[list[Any]] = [[] for _ in self.timelines]  # the originals keep their start events
-                resolve(copies, self.timelines, self.clock, snap, pools)
+                # The freed events are left to go: the originals keep their start events, and
+                # the copies' ends are this snapshot's. No owner is told: the spans go on.
+                resolve(copies, self.timelines, self.clock, snap)
             return snap
 
     def discard(self) -> None:
@@ -607,6 +628,18 @@ class Recorder:
             self.store.dropped = 0
             self.store.child_extent.clear()
             self.skipped_in_capture = 0
+
+
+def _hand_durations(durations: dict[Any, list[int]]) -> None:
+    """Each owner (a timer) its spans' durations from one resolve: the timer facade adds its own
+    totals (`add_durations`; `add_ns` a span at a time for an owner without it)."""
+    for owner, ns in durations.items():
+        add = getattr(owner, "add_durations", None)
+        if add is not None:
+            add(ns)
+        else:
+            for d in ns:
+                owner.add_ns(d)
 
 
 def _split_finished(pending: list[Span]) -> tuple[list[Span], list[Span]]:
@@ -783,34 +816,48 @@ def check_hot_layout(hot: Any) -> None:
         )
 
 
-try:
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace import _hot
-except ImportError as e:
-    _hot = None  # type: ignore[assignment]
-    HOT_UNUSED_BECAUSE = str(e)
-else:
-    check_hot_layout(_hot)  # outside the try: a stale build fails here, loudly, not mid-run
+def check_stack_layout(hot: Any) -> None:
+    """Raise ImportError unless the C build `hot` reads the stacks as STACK_LAYOUT declares."""
+    theirs = getattr(hot, "STACK_LAYOUT", None)
+    if theirs != STACK_LAYOUT:
+        raise ImportError(
+            f"gputrace's C hot path ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
+            f"stacks as {theirs!r}, this gputrace declares {STACK_LAYOUT!r}; rebuild it with `pip install -e .` "
+            "(or set GPUTRACE_PURE_PYTHON=1)"
+        )
 
-# flush's split in C for the C hot path's spans (_split_finished is the reference).
-_split_c = _hot.split_finished if _hot is not None else None
+
+_hot: Any = None  # the C build in use (gputrace.native decides), or None: the Python twin
+_split_c: Any = None  # flush's split in C for the C hot path's spans (_split_finished is the reference)
 
 if TYPE_CHECKING:  # both twins have the Python one's interface; checkers see that one
     Span = PySpan
     OptSpan = PyOptSpan
     span = _py_span
     DisabledSpan = _DisabledSpan
-elif _hot is not None:
-    Span = _hot.Span
-    OptSpan = _hot.Span
-    span = _hot.span
-    DisabledSpan = _hot.DisabledSpan
-else:
-    Span = PySpan
-    OptSpan = PyOptSpan
-    span = _py_span
-    DisabledSpan = _DisabledSpan
+
+
+def _bind(hot: Any) -> None:
+    """Bind the hot path to `hot` (the C build, or None: the twin); run by gputrace.native at
+    import and at every switch. Refuses a build of another layout (ImportError, loudly)."""
+    global _hot, _split_c, HOT_UNUSED_BECAUSE
+    if hot is not None:
+        check_hot_layout(hot)
+        check_stack_layout(hot)
+    old = _hot
+    if old is not None and old is not hot:
+        old.install(None, False)  # the old build keeps no recorder
+    _hot, _split_c = hot, (hot.split_finished if hot is not None else None)
+    HOT_UNUSED_BECAUSE = native.UNUSED_BECAUSE
+    if hot is not None:
+        globals().update(Span=hot.Span, OptSpan=hot.Span, span=hot.span, DisabledSpan=hot.DisabledSpan)
+        hot.bind(_disabled, _span_slow, traced)
+        hot.set_capture(STATE.captures)
+    else:
+        globals().update(Span=PySpan, OptSpan=PyOptSpan, span=_py_span, DisabledSpan=_DisabledSpan)
+    if old is not hot and ACTIVE is not None:  # the recorder in use goes on in the new implementation
+        ACTIVE.open, ACTIVE.close = (hot.open, hot.close) if hot is not None else (ACTIVE._open_py, ACTIVE._close_py)
+        set_recorder(RECORDER, ACTIVE)
 
 
 def capture_changed(delta: int) -> None:
@@ -837,8 +884,7 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
         _hot.install(active.hot if active is not None else None, rec is not None)
 
 
-if _hot is not None:
-    _hot.bind(_disabled, _span_slow, traced)
+native.on_switch(_bind)
 set_recorder(None, None)
 
 

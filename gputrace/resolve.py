@@ -1,23 +1,35 @@
-"""Resolving: closed spans -> absolute spans in integer epoch nanoseconds.
+"""Resolving: closed spans -> absolute spans in integer epoch nanoseconds. Pure: it changes
+nothing but the store it fills and the spans it resolves.
 
 Takes: spans the GPU has finished (their device events) or host spans (monotonic ns), the
 device timelines of anchors, and the host clock.
-Gives: rows appended to a columnar `SpanStore` (interned names, int ns), the events returned
-to their device's pool, and the spans that must wait for a newer anchor.
+Gives: rows appended to a columnar `SpanStore` (interned names, int ns), and `Resolved`: the
+spans that must wait for a newer anchor, the events the resolved spans no longer need (per
+device; the recorder returns them to its pools) and the owned spans' durations (per owner; the
+recorder hands them to their timers).
+
+What resolve reads of the objects it is handed (a span's stack and track, the store, the
+timelines, their anchors and events) is `RESOLVE_LAYOUT`, declared here once; the C loop
+(`csrc/resolve.c`) reads the same names, and a build that reads others is refused at import.
 """
 
 from __future__ import annotations
 
-import os
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gputrace.clock import DeviceTimeline
+from gputrace import native
+from gputrace.clock import Anchor, DeviceTimeline, HostClock
 from gputrace.trace.model import intern
 
-if TYPE_CHECKING:
-    from gputrace.clock import HostClock
-    from gputrace.record import Span
+Span = Any  # a closed span: record.Span, record.PySpan or a copy (resolve needs no more than the layout)
+
+
+Resolved = tuple[list[Span], list[list[Any]], dict[Any, list[int]]]
+"""What a resolve gives besides the rows: (later, freed, durations). `later`: the spans whose events
+lie after the newest anchor of their device; `freed`: per device, the events of the spans resolved,
+each span's start then end; `durations`: per owner (a timer), the ns of each of its spans resolved,
+in order. A plain tuple: a flush a step makes one, and a named one costs more to build."""
 
 
 class SpanStore:
@@ -81,33 +93,23 @@ class SpanStore:
         self.args.extend(args)
 
 
-def resolve(
-    done: list[Span],
-    timelines: list[DeviceTimeline],
-    clock: HostClock,
-    store: SpanStore,
-    pools: list[list[Any]],
-) -> list[Span]:
-    """Append every span of `done` to `store`; return those whose events lie after the newest
-    anchor of their device (they resolve at a later flush).
+def resolve(done: list[Span], timelines: list[DeviceTimeline], clock: HostClock, store: SpanStore) -> Resolved:
+    """Append every span of `done` that its device's anchors cover to `store`; the rest are
+    `later` (they resolve at a later flush).
 
     The C build does this in one loop for spans of its own type (the ones the C hot path makes);
     `resolve_py` is the reference, and resolves any other span (a snapshot's copies)."""
     if _resolve_c is not None:
-        later = _resolve_c(done, clock.epoch_offset_ns, store, timelines, pools, ROUNDING_NS, DeviceTimeline)
-        if later is not NotImplemented:
-            return later
-    return resolve_py(done, timelines, clock, store, pools)
+        got = _resolve_c(done, clock.epoch_offset_ns, store, timelines, None, ROUNDING_NS, DeviceTimeline)
+        if got is not NotImplemented:
+            return got  # type: ignore[no-any-return]
+    return resolve_py(done, timelines, clock, store)
 
 
-def resolve_py(
-    done: list[Span],
-    timelines: list[DeviceTimeline],
-    clock: HostClock,
-    store: SpanStore,
-    pools: list[list[Any]],
-) -> list[Span]:
+def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClock, store: SpanStore) -> Resolved:
     """`resolve` in Python: the reference for the C loop, and the path for every other span."""
+    freed: list[list[Any]] = [[] for _ in timelines]
+    durations: dict[Any, list[int]] = {}
     later: list[Span] = []
     offset = clock.epoch_offset_ns
     names: list[str] = []
@@ -134,10 +136,10 @@ def resolve_py(
                 end = start
             if extent:
                 start, end = _take_in_children(extent, id_of(s), start, end)
-            pool = pools[dev]
-            pool.append(s.t0)
-            pool.append(s.t1)
-            s.t0 = s.t1 = 0  # the events are the pool's again
+            events = freed[dev]
+            events.append(s.t0)
+            events.append(s.t1)
+            s.t0 = s.t1 = 0  # the events are no longer the span's
         args = s.args
         error = getattr(s, "error", None)
         if error is not None:
@@ -153,9 +155,12 @@ def resolve_py(
         ends.append(end)
         argss.append(args)
         if s.owner is not None:
-            s.owner.add_ns(end - start)
+            ns = durations.get(s.owner)
+            if ns is None:
+                ns = durations[s.owner] = []
+            ns.append(end - start)
     store.extend(names, tracks, starts, ends, argss)
-    return later
+    return later, freed, durations
 
 
 def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, end: int) -> tuple[int, int]:
@@ -178,9 +183,70 @@ def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, 
 ROUNDING_NS = 1_000
 
 
-try:  # the C loop for the C hot path's spans (same rows, ids and side effects as resolve_py)
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace._hot import resolve as _resolve_c
-except ImportError:
-    _resolve_c = None  # type: ignore[assignment]
+RESOLVE_LAYOUT_VERSION = 1
+RESOLVE_LAYOUT: tuple[tuple[str, str], ...] = (
+    # (what, attribute): every attribute resolve and flush's split read, in the C build's order.
+    ("stack", "track"),  # a span's stack (record._Stack): its track
+    ("track", "index"),  # record.Track
+    ("track", "device"),
+    ("store", "names"),  # SpanStore: the names, their index, the columns and counts
+    ("store", "_name_index"),
+    ("store", "name"),
+    ("store", "track"),
+    ("store", "start"),
+    ("store", "end"),
+    ("store", "args"),
+    ("store", "capacity"),
+    ("store", "dropped"),
+    ("store", "_last_id"),
+    ("store", "child_extent"),
+    ("timeline", "_elapsed"),  # clock.DeviceTimeline
+    ("timeline", "anchors"),
+    ("timeline", "segment_ms"),
+    ("timeline", "locate"),
+    ("timeline", "to_host_ns"),
+    ("anchor", "event"),  # clock.Anchor
+    ("anchor", "host_ns"),
+    ("event", "query"),  # a device's event (flush's split)
+    ("event", "cuda_event"),  # torch's raw handle, where it has one (the raw elapsed call)
+)
+"""What resolve reads, declared once. Change RESOLVE_LAYOUT_VERSION with any change to what an
+attribute holds; the C build reports the same pairs as `RESOLVE_LAYOUT`."""
+
+
+def layout_missing() -> list[tuple[str, str]]:
+    """The declared attributes that the classes declared here do not have (none, or a rename
+    went unnoticed); a span's stack, track and events are the recorder's and the device's."""
+    have = {
+        "store": set(vars(SpanStore(0))) | set(dir(SpanStore)),
+        "timeline": set(vars(DeviceTimeline())) | set(dir(DeviceTimeline)),
+        "anchor": {f.name for f in Anchor.__dataclass_fields__.values()},
+    }
+    return [(what, name) for what, name in RESOLVE_LAYOUT if what in have and name not in have[what]]
+
+
+def check_resolve_layout(hot: Any) -> None:
+    """Raise ImportError unless the C build `hot` reads what RESOLVE_LAYOUT declares."""
+    theirs = getattr(hot, "RESOLVE_LAYOUT", None)
+    ours = (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT)
+    if theirs != ours:
+        raise ImportError(
+            f"gputrace's C build ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
+            f"resolve layout {theirs!r}, this gputrace declares {ours!r}; rebuild it with `pip install -e .` "
+            "(or set GPUTRACE_PURE_PYTHON=1)"
+        )
+
+
+_resolve_c: Any = None  # the C loop for the C hot path's spans (same rows, ids and results as resolve_py)
+
+
+def _bind(hot: Any) -> None:
+    global _resolve_c
+    if hot is not None:
+        check_resolve_layout(hot)
+    _resolve_c = hot.resolve if hot is not None else None
+
+
+if layout_missing():  # a renamed attribute fails here, at import, not mid-run
+    raise ImportError(f"gputrace.resolve: RESOLVE_LAYOUT names attributes that do not exist: {layout_missing()}")
+native.on_switch(_bind)

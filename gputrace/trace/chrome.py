@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from gputrace import native
 from gputrace.errors import TraceFormatError
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
 from gputrace.trace.layout import (
@@ -50,18 +51,18 @@ from gputrace.trace.layout import Layout as Layout  # re-exported: merge lays ou
 from gputrace.trace.layout import dumps as dumps  # re-exported: the digest writes with chrome.dumps
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
-try:  # the C encoder of span events (same output as the Python loop below)
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace._hot import encode_events as _encode_events
-except ImportError:
-    _encode_events = None  # type: ignore[assignment]
-try:  # the C encoder of a piece of a recorder's columns (same bytes again; its lanes: layout.py)
-    if _encode_events is None:
-        raise ImportError("no C encoder")
-    from gputrace._hot import encode_rows as _encode_rows
-except ImportError:
-    _encode_rows = None  # type: ignore[assignment]
+# The C encoder of span events (same output as the Python loop below), and the C encoder of a
+# piece of a recorder's columns (same bytes again; its lanes: layout.py); None: the Python loops.
+_encode_events: Any = None
+_encode_rows: Any = None
+
+
+def _bind(hot: Any) -> None:
+    global _encode_events, _encode_rows
+    _encode_events, _encode_rows = (hot.encode_events, hot.encode_rows) if hot is not None else (None, None)
+
+
+native.on_switch(_bind)
 
 # ---- reading ------------------------------------------------------------------------------------
 

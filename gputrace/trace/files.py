@@ -16,18 +16,22 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from gputrace import native
 from gputrace.errors import GputraceError, TraceFormatError
 from gputrace.trace import registry
 
 if TYPE_CHECKING:
     from gputrace.trace.model import Process
 
-try:  # the C build's writer thread (writes_behind)
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace._hot import Writer as _Writer
-except ImportError:
-    _Writer = None  # type: ignore[assignment,misc]
+_Writer: Any = None  # the C build's writer thread (writes_behind), or None
+
+
+def _bind(hot: Any) -> None:
+    global _Writer
+    _Writer = hot.Writer if hot is not None else None
+
+
+native.on_switch(_bind)
 
 
 @contextlib.contextmanager

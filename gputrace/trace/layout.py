@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import os
 import re
 from array import array
 from collections.abc import Callable, Sequence
@@ -28,14 +27,20 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from gputrace import native
 from gputrace.trace.model import Process, Trace, Track
 
-try:  # the C layout of a piece of a recorder's columns (the same lanes as the Python below)
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        raise ImportError("GPUTRACE_PURE_PYTHON is set")
-    from gputrace._hot import nest_tracks as _nest_tracks
-except ImportError:
-    _nest_tracks = None  # type: ignore[assignment]
+# The C layout of a piece of a recorder's columns (the same lanes as the Python below); None: the
+# Python loop.
+_nest_tracks: Any = None
+
+
+def _bind(hot: Any) -> None:
+    global _nest_tracks
+    _nest_tracks = hot.nest_tracks if hot is not None else None
+
+
+native.on_switch(_bind)
 
 #: A track whose name starts "cuda:D " is a stream of device D (both readers ask).
 CUDA_TRACK = re.compile(r"^cuda:(\d+) ")
@@ -138,7 +143,7 @@ class Layout:
         """The lane of each span of this piece."""
         if self.fast_path and _nest_tracks is not None and is_columns(tracks, starts, ends):
             # The usual case in C, every track at once; it changes nothing unless all nest.
-            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:  # type: ignore[arg-type]
+            if _nest_tracks(self._lanes, tracks, starts, ends, self.MAX_KEPT) is not None:
                 return [0] * len(starts)
         by_track: dict[int, list[int]] = {}
         for i, t in enumerate(tracks):

@@ -15,10 +15,11 @@ parsed file in one pass. Why integer ns: a double in microseconds since the epoc
 from __future__ import annotations
 
 import dataclasses
-import os
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from gputrace import native
 
 #: Track kinds. A "cuda" track is one CUDA stream, "cpu" one host thread, "counter" a series of
 #: values (memory), "other" a thread of another tool's trace whose nature gputrace does not know.
@@ -265,14 +266,12 @@ def _column_range(column: Sequence[int]) -> tuple[int, int]:
     return _column_range_py(column)
 
 
-def _c_column_range() -> Any:
-    if os.environ.get("GPUTRACE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from gputrace._hot import column_range
-    except ImportError:
-        return None
-    return column_range
+_column_range_c: Any = None  # the C build's loop, or None
 
 
-_column_range_c = _c_column_range()
+def _bind(hot: Any) -> None:
+    global _column_range_c
+    _column_range_c = hot.column_range if hot is not None else None
+
+
+native.on_switch(_bind)
