@@ -819,19 +819,19 @@ def load(digests: list[RankDigest], allow_mixed: bool = False) -> tuple[Trace, d
     for d in digests:
         d.trace = None  # the source holds it now, and `take` lets go of it rank by rank
     plan = m.plan(sources, allow_mixed, None)
-    maps = m._alignment(plan, "clock", None, 1, m._read_source)
-    start = m._start(plan, maps)
+    maps = m.alignment(plan, "clock", None, 1, m.read_source)
+    start = m.merged_start(plan, maps)
     ctx = m.Context.make(plan, maps, sel, None)
     out = Trace()
-    tally = m._Tally()
-    for group in m._groups(plan):
+    tally = m.Tally()
+    for group in m.groups(plan):
         windows: dict[int, tuple[int, int] | None] = {}
         for s in group:
             trace, s.trace = s.trace, None
             assert trace is not None
             tally.add([m.take(out, s, trace, ctx, windows)])
             del trace
-    out.metadata = m._metadata(plan, maps, sel, start, plan.notes + tally.notes(sel))
+    out.metadata = m.merged_metadata(plan, maps, sel, start, plan.notes + tally.notes(sel))
     return out, {r: (maps.host.get(r), maps.device.get(r)) for r in plan.ranks}
 
 
