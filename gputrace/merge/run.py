@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gputrace.errors import GputraceError, MergeError
-from gputrace.merge import pool
 from gputrace.merge.place import (
     Context,
     Maps,
@@ -196,10 +195,17 @@ def run_groups(
             gs = [all_groups[i] for i in batch]
             yield gs, job.context.for_group([s for g in gs for s in g]), encode
 
-    results = pool.ordered(_task, tasks(), workers, ahead=2 * workers, initializer=gc.disable)
-    for batch, result in zip(batches, results):
+    from gputrace.merge import pool  # multiprocessing's modules, only when workers are wanted
+
+    # One task beyond one a worker: a worker that finishes ahead of the one whose result is due
+    # next starts another, and this process holds at most workers + 1 results (they come back
+    # as soon as they are done). Run to its end (not cut short by a zip), the pool then waits
+    # for its workers as it closes.
+    results = pool.ordered(_task, tasks(), workers, ahead=workers + 1, initializer=gc.disable)
+    for k, result in enumerate(results):
+        first = batches[k][0]
         if progress:
-            progress(_group_label(all_groups[batch[0]]), batch[0], len(all_groups))
+            progress(_group_label(all_groups[first]), first, len(all_groups))
         yield result
 
 
