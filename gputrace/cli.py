@@ -6,10 +6,12 @@ exit status 2, never a traceback. Importing this module does not import torch.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -17,10 +19,10 @@ from gputrace.errors import GputraceError
 from gputrace.trace import registry
 from gputrace.version import __version__
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
         try:
@@ -30,6 +32,85 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(2)
 
     return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The selection options of `merge`, `summary` and `view`, parsed: `ranks`, `steps` and
+    `window` as `gputrace.merge.Selection` takes them (None: all), `step` the step span's name as
+    given (None: "step", if present), `skip_steps`, `allow_mixed`; `given`: any of ranks, steps
+    or window was given."""
+
+    ranks: frozenset[int] | None = None
+    steps: tuple[int | None, int | None] | None = None
+    window: tuple[int | None, int | None] | None = None
+    step: str | None = None
+    skip_steps: int = 0
+    allow_mixed: bool = False
+    given: bool = False
+
+    @property
+    def step_name(self) -> str:
+        return self.step if self.step is not None else "step"
+
+
+def selection_options(*, window: bool = True, skip_steps: bool = True, allow_mixed: bool = True) -> Callable[[F], F]:
+    """The selection options, declared once for every command that selects (`window`,
+    `skip_steps`, `allow_mixed`: False leaves that option off a command where it means nothing).
+    The command gets them parsed, as one `selection` argument; a bad one is the usual one-line
+    error."""
+    options = [
+        click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7"),
+        click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200"),
+        click.option(
+            "--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start"
+        )
+        if window
+        else None,
+        click.option("--step", default=None, help="the span that marks one training step  [default: step, if present]"),
+        click.option(
+            "--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)"
+        )
+        if skip_steps
+        else None,
+        click.option("--allow-mixed", is_flag=True, help="take files of different runs or world sizes together anyway")
+        if allow_mixed
+        else None,
+    ]
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        @_guard  # a bad selection is one line and exit status 2, like every other bad input
+        def command(
+            *args: Any,
+            ranks: str | None = None,
+            steps: str | None = None,
+            window: str | None = None,
+            step: str | None = None,
+            skip_steps: int = 0,
+            allow_mixed: bool = False,
+            **kwargs: Any,
+        ) -> Any:
+            from gputrace.merge import parse_ranks, parse_steps, parse_window
+
+            chosen = Selection(
+                parse_ranks(ranks) if ranks else None,
+                parse_steps(steps) if steps else None,
+                parse_window(window) if window else None,
+                step,
+                skip_steps,
+                allow_mixed,
+                ranks is not None or steps is not None or window is not None,
+            )
+            return fn(*args, selection=chosen, **kwargs)
+
+        wrapped: Any = command
+        for option in reversed(options):
+            if option is not None:
+                wrapped = option(wrapped)
+        return wrapped  # type: ignore[no-any-return]
+
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,28 +189,24 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
 def _summary_text(
     paths: list[str],
     as_json: bool = False,
-    step: str | None = None,
-    skip_steps: int = 0,
-    allow_mixed: bool = False,
+    selection: Selection | None = None,
     by_rank: bool = False,
     full: bool = False,
-    ranks: str | None = None,
-    steps: str | None = None,
 ) -> str:
     import orjson
 
     from gputrace import stats
-    from gputrace.merge import parse_ranks, parse_steps
     from gputrace.summary import summary_of_files
 
+    sel = selection or Selection()
     result = summary_of_files(
         paths,
-        step,
-        skip_steps,
-        allow_mixed=allow_mixed,
+        sel.step,
+        sel.skip_steps,
+        allow_mixed=sel.allow_mixed,
         full=full,
-        ranks=parse_ranks(ranks) if ranks else None,
-        steps=parse_steps(steps) if steps else None,
+        ranks=sel.ranks,
+        steps=sel.steps,
     )
     if as_json:
         return orjson.dumps(stats.to_json(result)).decode()
@@ -139,31 +216,17 @@ def _summary_text(
 @main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--step", default=None, help="the span that marks one training step  [default: step, if present]")
-@click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
-@click.option("--allow-mixed", is_flag=True, help="summarize files of different runs or world sizes together")
+@selection_options(window=False)
 @click.option("--by-rank", is_flag=True, help="a table per rank too, and every rank in the per-rank table")
 @click.option("--full", is_flag=True, help="read the whole traces even where the ranks wrote step digests")
-@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, from their full traces, e.g. 0-3,7")
-@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), from the full traces")
 @_guard
-def summary(
-    paths: tuple[str, ...],
-    as_json: bool,
-    step: str | None,
-    skip_steps: int,
-    allow_mixed: bool,
-    by_rank: bool,
-    full: bool,
-    ranks: str | None,
-    steps: str | None,
-) -> None:
+def summary(paths: tuple[str, ...], as_json: bool, by_rank: bool, full: bool, selection: Selection) -> None:
     """Per-span statistics of per-rank traces or a merged one: totals, percentiles, the
     imbalance between ranks, the slowest rank of each step (when beyond the noise) and who
     waited for whom in each collective. Where every rank wrote a step digest beside its trace
     (or the ranks are many) the digests are read instead of the traces; the first note says
-    which were read."""
-    click.echo(_summary_text(list(paths), as_json, step, skip_steps, allow_mixed, by_rank, full, ranks, steps))
+    which were read. --ranks and --steps read the full traces of the selection."""
+    click.echo(_summary_text(list(paths), as_json, selection, by_rank, full))
 
 
 @main.command()
@@ -194,11 +257,7 @@ def summary(
     "--occurrence", default=1, show_default=True, type=click.IntRange(1), help="which NAME span, with --align-on"
 )
 @click.option("--rank-from-filename", is_flag=True, help="take each rank from 'rank<N>' in its file name")
-@click.option("--allow-mixed", is_flag=True, help="merge files of different runs or world sizes anyway")
-@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7")
-@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200")
-@click.option("--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start")
-@click.option("--step", default="step", show_default=True, help="the span that marks one step, for --steps")
+@selection_options(skip_steps=False)
 @click.option("--workers", default=None, type=click.IntRange(1), help="processes reading ranks  [default: by size]")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar")
 @_guard
@@ -210,11 +269,7 @@ def merge(
     align_on: str | None,
     occurrence: int,
     rank_from_filename: bool,
-    allow_mixed: bool,
-    ranks: str | None,
-    steps: str | None,
-    window: str | None,
-    step: str,
+    selection: Selection,
     workers: int | None,
     quiet: bool,
 ) -> None:
@@ -231,11 +286,11 @@ def merge(
         rank_from_filename,
         _progress(quiet),
         fmt=fmt,
-        allow_mixed=allow_mixed,
-        ranks=merge_mod.parse_ranks(ranks) if ranks else None,
-        steps=merge_mod.parse_steps(steps) if steps else None,
-        window=merge_mod.parse_window(window) if window else None,
-        step_name=step,
+        allow_mixed=selection.allow_mixed,
+        ranks=selection.ranks,
+        steps=selection.steps,
+        window=selection.window,
+        step_name=selection.step_name,
         workers=workers,
     )
     per_rank = list(meta["alignment"].get("per_rank", {}).items())
@@ -288,11 +343,7 @@ def validate(paths: tuple[str, ...]) -> None:
     help="the Perfetto UI for the timeline  [default: a local build if installed, else ui.perfetto.dev]",
 )
 @click.option("--export", "export", metavar="FILE.html", help="write one self-contained HTML report and exit")
-@click.option("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-3,7")
-@click.option("--steps", default=None, metavar="A:B", help="only steps A to B (B exclusive), e.g. 100:200")
-@click.option("--window", default=None, metavar="T0:T1", help="only this time window, e.g. 2s:3.5s from the start")
-@click.option("--step", default=None, help="the span that marks one training step  [default: step, if present]")
-@click.option("--skip-steps", default=0, type=click.IntRange(0), help="leave out each rank's first N steps (warm-up)")
+@selection_options(allow_mixed=False)
 @_guard
 def view(
     paths: tuple[str, ...],
@@ -300,27 +351,23 @@ def view(
     no_browser: bool,
     perfetto_ui: str | None,
     export: str | None,
-    ranks: str | None,
-    steps: str | None,
-    window: str | None,
-    step: str | None,
-    skip_steps: int,
+    selection: Selection,
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline."""
-    from gputrace import merge as merge_mod
     from gputrace.trace.files import expand, write_atomic
     from gputrace.viewer import data, report, server
 
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
-    selected = ranks is not None or steps is not None or window is not None
+    sel = selection
+    require_step = sel.step is not None
     # Many ranks: the page from their step digests, the timeline from the files a window at a time.
     doc = (
         None
-        if selected
+        if sel.given
         else data.from_digests(
-            paths, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths
+            paths, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
         )
     )
     trace = None
@@ -328,15 +375,9 @@ def view(
         click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
     else:
         click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
-        trace = data.load(
-            files,
-            ranks=merge_mod.parse_ranks(ranks) if ranks else None,
-            steps=merge_mod.parse_steps(steps) if steps else None,
-            window=merge_mod.parse_window(window) if window else None,
-            step_name=step or "step",
-        )
+        trace = data.load(files, ranks=sel.ranks, steps=sel.steps, window=sel.window, step_name=sel.step_name)
         doc = data.document(
-            trace, step=step or "step", skip_steps=skip_steps, require_step=step is not None, inputs=paths
+            trace, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
         )
     if export:
         write_atomic(export, report.html(doc))

@@ -23,6 +23,7 @@ from typing import Any
 from gputrace import stats
 from gputrace.digest import HIST_ERROR, WARMUP_STEPS, from_trace, hist_middle
 from gputrace.errors import GputraceError, TraceFormatError
+from gputrace.trace import registry
 from gputrace.trace.digestfile import (
     TRACE_NAME,
     RankDigest,
@@ -103,8 +104,6 @@ def find(paths: Iterable[str]) -> Inputs:
 def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
     """Every rank's digest: read from its file when there is a fresh one, else computed from its
     trace (one rank at a time)."""
-    from gputrace.merge import read_trace
-
     out: list[RankDigest] = []
     for t in inputs.traces:
         d = None
@@ -116,7 +115,7 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
             if d is not None and (not fresh(d, t) or d.step_name != step_name):
                 d = None
         if d is None:
-            d = from_document(from_trace(read_trace(t), step_name, t), t)
+            d = from_document(from_trace(registry.read(t), step_name, t), t)
             d.computed = True
         out.append(d)
     out += [read(p) for p in inputs.lone]
@@ -146,19 +145,19 @@ def load(digests: list[RankDigest], allow_mixed: bool = False) -> tuple[Trace, d
     for d in digests:
         d.trace = None  # the source holds it now, and `take` lets go of it rank by rank
     plan = m.plan(sources, allow_mixed, None)
-    maps = m._alignment(plan, "clock", None, 1, m._read_source)
-    start = m._start(plan, maps)
+    maps = m.alignment(plan, "clock", None, 1, m.read_source)
+    start = m.merged_start(plan, maps)
     ctx = m.Context.make(plan, maps, sel, None)
     out = Trace()
-    tally = m._Tally()
-    for group in m._groups(plan):
+    tally = m.Tally()
+    for group in m.groups(plan):
         windows: dict[int, tuple[int, int] | None] = {}
         for s in group:
             trace, s.trace = s.trace, None
             assert trace is not None
             tally.add([m.take(out, s, trace, ctx, windows)])
             del trace
-    out.metadata = m._metadata(plan, maps, sel, start, plan.notes + tally.notes(sel))
+    out.metadata = m.merged_metadata(plan, maps, sel, start, plan.notes + tally.notes(sel))
     return out, {r: (maps.host.get(r), maps.device.get(r)) for r in plan.ranks}
 
 

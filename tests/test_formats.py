@@ -77,7 +77,6 @@ def test_the_registry_knows_the_formats_by_name_extension_and_first_bytes(tmp_pa
     proto = tmp_path / "looks.json"
     proto.write_bytes(b"\x0a\x00")  # a protobuf packet, whatever the name says
     assert registry.detect(str(proto)).name == "perfetto"
-    assert files.detect(str(proto)) == "perfetto" and files.format_for_path("x.json") == "chrome"
     with pytest.raises(gputrace.GputraceError, match="cannot be removed"):
         registry.unregister("json")
 
@@ -142,7 +141,6 @@ def test_a_bad_format_name_is_refused_where_it_is_given(tmp_path: Path, toy: reg
         gputrace.save(str(tmp_path / "t.json"), format="xml")
 
 
-@pytest.mark.xfail(strict=False, reason="merge through the registry")
 @pytest.mark.parametrize("out", ["merged.toy", "merged.json"])
 def test_a_toy_format_merges(tmp_path: Path, toy: registry.Format, out: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from gputrace.merge import merge

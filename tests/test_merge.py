@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from gputrace import merge as merge_mod
 from gputrace.cli import main
 from gputrace.errors import MergeError, TraceFormatError
+from gputrace.merge import run as merge_run
 from gputrace.trace import chrome
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.validate import format_report, validate_file
@@ -494,7 +495,7 @@ def test_merged_files_of_older_versions_keep_their_ranks(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("batch", [1, 1 << 30], ids=["a rank a task", "all ranks in one task"])
 def test_worker_processes_give_the_same_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
-    monkeypatch.setattr(merge_mod, "BATCH_BYTES", batch)
+    monkeypatch.setattr(merge_run, "BATCH_BYTES", batch)
     paths = write_ranks(tmp_path / "r", world=4, syncs=[(BASE, 777, 1), (BASE + 2_000_000_000, 1_777, 1)])
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     merge_mod.merge(paths, str(a), workers=1)

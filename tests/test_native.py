@@ -192,8 +192,8 @@ def test_a_c_build_that_reads_another_resolve_layout_is_refused() -> None:
         RESOLVE_LAYOUT = (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT)
 
     resolve.check_resolve_layout(Stale)
-    for layout in [(RESOLVE_LAYOUT_VERSION + 1, RESOLVE_LAYOUT), (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT[1:]), None]:
-        Stale.RESOLVE_LAYOUT = layout  # type: ignore[assignment]
+    for bad in [(RESOLVE_LAYOUT_VERSION + 1, RESOLVE_LAYOUT), (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT[1:]), None]:
+        Stale.RESOLVE_LAYOUT = bad  # type: ignore[assignment]
         with pytest.raises(ImportError, match="resolve layout"):
             resolve.check_resolve_layout(Stale)
     if native.hot is not None:

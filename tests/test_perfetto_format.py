@@ -26,8 +26,8 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 import gputrace
 from gputrace.errors import TraceFormatError
 from gputrace.trace import chrome, layout, perfetto
-from gputrace.trace.files import detect
 from gputrace.trace.model import Process, Trace, Track
+from gputrace.trace.registry import detect
 
 from . import perfetto_ui
 from .conftest import install
@@ -237,7 +237,7 @@ def test_reads_back_what_the_json_format_reads_back(tmp_path: Path) -> None:
     trace = rank_trace(seed=3)
     perfetto.write(trace, str(tmp_path / "t.pftrace"))
     chrome.write(trace, str(tmp_path / "t.json"))
-    assert detect(str(tmp_path / "t.pftrace")) == "perfetto"
+    assert detect(str(tmp_path / "t.pftrace")).name == "perfetto"
     got, want = perfetto.read(str(tmp_path / "t.pftrace")), chrome.read(str(tmp_path / "t.json"))
     assert spans_of(got) == spans_of(want)
     assert len(got.spans) == len(trace.spans)

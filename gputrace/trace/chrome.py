@@ -27,6 +27,7 @@ Beyond what every format offers (see `registry.py`), `parse` gives a file's raw 
 
 from __future__ import annotations
 
+import functools
 import os
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -713,3 +714,139 @@ def _copy(src: BinaryIO, dst: BinaryIO, block: int = 16 << 20) -> None:
         cut = data.rfind(b"\n")
         dst.write(data[: cut + 1])
         tail = data[cut + 1 :]
+
+
+# ---- merged files, part by part -----------------------------------------------------------------
+# A merge of many ranks writes one file rank by rank (memory about one rank's worth): the header
+# first, then each part's event lines, which worker processes may encode (`encode_part` is a
+# plain function of picklable arguments), then the closing bracket.
+
+
+def complete_header(path: str) -> dict[str, Any] | None:
+    """The header of a file whose header says everything the file knows (the object form, as
+    `write` and a finished stream leave it), read without its events; else None. A streamed
+    file (the array form) carries later clock syncs and its run id in events after its first
+    line."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(4096).lstrip()[:1]
+    except OSError:
+        return None
+    return read_header(path) if first == b"{" else None
+
+
+class MergedWriter:
+    """One merged trace written into `f` part by part: the header (`base_ns`, the merged
+    `metadata`, `world_size`) when made, each part's event lines (`encode_part`'s bytes) by
+    `write`, and the closing bracket by `close`."""
+
+    def __init__(self, f: BinaryIO, base_ns: int, metadata: dict[str, Any], world_size: int | None) -> None:
+        self.f = f
+        self.base_ns = base_ns
+        f.write(header_bytes(base_ns, metadata, None, world_size))
+
+    def encoder(self) -> Callable[[Trace, set[int] | frozenset[int]], bytes]:
+        """`encode_part` on this file's time base, as a value a worker process can be handed."""
+        return functools.partial(encode_part, base_ns=self.base_ns)
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def close(self) -> None:
+        _close(self.f)
+
+
+def encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(), *, base_ns: int) -> bytes:
+    """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer:
+    each process with its own writer, its spans laid out once over all of them (`nested`:
+    processes known to nest on every track already, which are written as they are)."""
+    chunks: list[bytes] = []
+    pid_of = {i: q.pid for i, q in enumerate(part.processes)}
+    rows_of: dict[int, list[int]] = {i: [] for i in range(len(part.processes))}
+    if len(part.processes) == 1:
+        rows_of[0] = list(range(len(part.spans)))
+    else:
+        proc_of_track = [t.process for t in part.tracks]
+        for i, t in enumerate(part.spans.track):
+            rows_of[proc_of_track[t]].append(i)
+    sp = part.spans
+    tid_of: dict[tuple[int, Any], int] = {}
+    wanted = {(e["process"], e["tid"]) for e in part.extra if "tid" in e}
+    for pi, q in enumerate(part.processes):
+        w = ProcessWriter(q.pid, q)  # type: ignore[arg-type]
+        chunks.append(w.process_events())
+        rows = rows_of[pi]
+        layout = CheckedLayout(sp, rows, pi in nested)
+        w.layout = layout  # type: ignore[assignment]
+        if layout.fallback is not None:
+            # The Chrome writer's layout judges nesting across pieces when they come in the
+            # order spans ended (children before their parents).
+            rows.sort(key=sp.start.__getitem__, reverse=True)
+            rows.sort(key=sp.end.__getitem__)
+        for k in range(0, len(rows), 65536):
+            encode_spans(part, rows[k : k + 65536], w, base_ns, chunks)
+        for ti, track in enumerate(part.tracks):
+            if track.process == pi and (pi, track.tid) in wanted:
+                meta: list[bytes] = []
+                tid_of[(pi, track.tid)] = w.tid(part, ti, 0, meta)
+                chunks.extend(meta)
+    # Other tools' instants and flows point at threads by tid: give them the tids written.
+    for e in part.extra:
+        if "tid" in e:
+            e["tid"] = tid_of.get((e["process"], e["tid"]), e["tid"])
+    encode_counters(part, range(len(part.counters)), pid_of, base_ns, chunks)  # type: ignore[arg-type]
+    encode_extra(part, pid_of, base_ns, chunks)  # type: ignore[arg-type]
+    return b"".join(chunks)
+
+
+class CheckedLayout:
+    """Lanes for spans that already nest on every track (a gputrace file, moved through monotone
+    maps): all on lane 0, after one check over the whole process; if any two cross, the Chrome
+    writer's own layout decides."""
+
+    def __init__(self, sp: Any, rows: list[int], known: bool = False) -> None:
+        self.fallback: Layout | None = None if known or nests(sp, rows) else Layout()
+
+    def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+        if self.fallback is not None:
+            return self.fallback.place(tracks, starts, ends)
+        return [0] * len(starts)
+
+    def lanes_used(self, track: int) -> int:
+        return self.fallback.lanes_used(track) if self.fallback is not None else 1
+
+
+def nests(sp: Any, rows: list[int]) -> bool:
+    """Do the spans `rows` nest on each track the way Perfetto reads them (sorted by start, the
+    longest first at equal starts; [start, end))?"""
+    order = list(rows)
+    order.sort(key=sp.end.__getitem__, reverse=True)
+    order.sort(key=sp.start.__getitem__)
+    stacks: dict[int, list[int]] = {}
+    start, end, track = sp.start, sp.end, sp.track
+    for i in order:
+        st = stacks.get(track[i])
+        if st is None:
+            st = stacks[track[i]] = []
+        s, e = start[i], end[i]
+        while st and st[-1] <= s:
+            st.pop()
+        if st and e > st[-1]:
+            return False
+        st.append(e)
+    return True
+
+
+def _close(f: BinaryIO) -> None:
+    """Every event line ends with `,\\n`: the last one's comma becomes the closing `]}`."""
+    f.flush()
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(size - 2, 0))
+    if f.read(2) == b",\n":
+        f.seek(size - 2)
+        f.write(b"\n]}")
+    else:
+        f.seek(0, os.SEEK_END)
+        f.write(b"]}")
+    f.truncate()

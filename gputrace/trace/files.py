@@ -173,25 +173,6 @@ def read_bytes(path: str) -> bytes:
         raise TraceFormatError(path, e.strerror or str(e)) from None
 
 
-# To be removed once merge reads and writes through the registry: `registry.detect` and
-# `registry.for_path` give the `Format` itself. These keep the old answers ("chrome" for JSON).
-
-
-def detect(path: str, head: bytes | None = None) -> str:
-    """The registered format of an existing file by its first bytes (`registry.detect`), by its
-    old name: "chrome" for JSON."""
-    return _old_name(registry.detect(path, head))
-
-
-def format_for_path(path: str, fmt: str | None = None) -> str:
-    """The format to write `path` in (`registry.for_path`), by its old name: "chrome" for JSON."""
-    return _old_name(registry.for_path(path, fmt))
-
-
-def _old_name(fmt: registry.Format) -> str:
-    return "chrome" if fmt.name == registry.DEFAULT else fmt.name
-
-
 class AppendFile:
     """What both formats' stream writers share: one rank's file, opened fresh (an earlier file
     of that name is replaced), appended to with one `write()` of whole events a flush, and the
