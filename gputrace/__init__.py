@@ -103,9 +103,30 @@ if not TYPE_CHECKING:  # hidden from checkers, so that a misspelt name is an err
         module = _EXPORTS.get(name)
         if module is None:
             raise AttributeError(f"module 'gputrace' has no attribute {name!r}")
+        if name in _SWITCHED:
+            _forget_at_switch()
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value  # later lookups are plain attribute reads
         return value
+
+
+#: Names whose value is the C build's or the Python twin's, whichever `gputrace.native` has in use.
+_SWITCHED = ("span", "Span")
+_forgetting: list[bool] = []
+
+
+def _forget_at_switch() -> None:
+    """Drop the cached names at every switch of implementation (tests switch in one process), so
+    they are looked up again; registered once, when the first of them is asked for."""
+    if _forgetting:
+        return
+    _forgetting.append(True)
+
+    def forget(hot: object) -> None:
+        for name in _SWITCHED:
+            globals().pop(name, None)
+
+    importlib.import_module("gputrace.native").on_switch(forget)
 
 
 def __dir__() -> list[str]:

@@ -16,7 +16,6 @@ which no longer holds the recorder (it is not recorded).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -71,11 +70,6 @@ def use(c: bool) -> None:
         for bind in _binders:
             bind(old)
         raise
-    # The facade caches the names it hands out; drop them so it looks them up again.
-    facade = sys.modules.get("gputrace")
-    if facade is not None:
-        for name in ("span", "Span"):
-            facade.__dict__.pop(name, None)
 
 
 @contextmanager

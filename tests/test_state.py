@@ -1,9 +1,8 @@
-"""The session as the one owner of process-wide state, the sinks it feeds through one protocol,
-and the import graph: no circles, nothing below the facades importing the session."""
+"""The session as the one owner of process-wide state, and the sinks it feeds through one
+protocol (the import graph: test_shape.py)."""
 
 from __future__ import annotations
 
-import ast
 import os
 import warnings
 from pathlib import Path
@@ -136,73 +135,3 @@ def test_a_trace_saved_whole_gets_its_digest_through_a_sink(tmp_path: Path) -> N
     gputrace.save(str(tmp_path / "t.json"))
     assert session.SESSION.state.last_digest == str(tmp_path / "t.digest")
     assert os.path.isfile(str(tmp_path / "t.digest"))
-
-
-# ---- the import graph ----------------------------------------------------------------------------
-
-FACADES = {"gputrace", "gputrace.session", "gputrace._startup", "gputrace._timer"}
-# The modules this shape owns: none of them may sit on an import circle.
-CHECKED = {
-    "gputrace.digest",
-    "gputrace.dist",
-    "gputrace.session",
-    "gputrace.sinks",
-    "gputrace.state",
-    "gputrace.stats",
-    "gputrace.summary",
-    "gputrace.trace.digestfile",
-    "gputrace._timer",
-}
-
-
-def _import_graph() -> dict[str, set[str]]:
-    """gputrace's modules -> the gputrace modules each imports, at module level or in a function."""
-    mods: dict[str, Path] = {}
-    for p in (ROOT / "gputrace").rglob("*.py"):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        mods[name.removesuffix(".__init__")] = p
-
-    def known(name: str) -> str | None:
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for m, p in mods.items():
-        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
-        for node in ast.walk(ast.parse(p.read_text())):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
-                names = [base] + [f"{base}.{a.name}" for a in node.names]
-            for n in names:
-                target = known(n)
-                if target is not None and target != m and not m.startswith(target + "."):
-                    graph[m].add(target)
-    return graph
-
-
-def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
-    seen: set[str] = set()
-    todo = list(graph[start])
-    while todo:
-        m = todo.pop()
-        if m == goal:
-            return True
-        if m not in seen:
-            seen.add(m)
-            todo.extend(graph[m])
-    return False
-
-
-def test_no_import_circles_and_nothing_below_the_facades_imports_the_session() -> None:
-    graph = _import_graph()
-    assert not [m for m in CHECKED if _reaches(graph, m, m)]
-    assert {m for m, targets in graph.items() if "gputrace.session" in targets} <= FACADES
-    assert "gputrace.record" not in graph["gputrace.dist"]  # dist is handed the recorder
-    assert graph["gputrace.state"] == set()  # the state sits below everything
