@@ -43,7 +43,7 @@ def parse(stdout: str) -> dict[tuple[str, str], tuple[float, str]]:
 
 
 def run(tree: str, args: list[str]) -> dict[tuple[str, str], tuple[float, str]]:
-    env = {**os.environ, "PYTHONPATH": tree}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, os.path.join(tree, "benchmarks", "run.py"), *args]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
