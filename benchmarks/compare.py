@@ -20,13 +20,16 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ROW = re.compile(r"^\| ([^|]+) \| ([^|]+) \| ([^|]+) \|")
+_ROW = re.compile(r"^\| ([^|]+) \| ([^|]+) \| ([^|]+) \| [^|]* \| ([^|]*) \|")
+_RATIO = re.compile(r"^([\d.]+)x of ")
 _VALUE = re.compile(r"^(-?[\d,]*\.?\d+) (.+)$")
 _SCALE = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 
 
 def parse(stdout: str) -> dict[tuple[str, str], tuple[float, str]]:
-    """The rows of run.py's final table: (group, measurement) -> (median, unit)."""
+    """The rows of run.py's final table: (group, measurement) -> (median, unit); a row compared
+    with a floor measured in the same process also gives (group, "measurement / its floor") ->
+    (ratio, "x"), which the machine's drift between processes does not move."""
     rows: dict[tuple[str, str], tuple[float, str]] = {}
     for line in stdout.splitlines():
         m = _ROW.match(line)
@@ -39,6 +42,9 @@ def parse(stdout: str) -> dict[tuple[str, str], tuple[float, str]]:
         if unit in _SCALE:  # one unit per row whatever run.py chose to show
             value, unit = value * _SCALE[unit], "ns"
         rows[(m.group(1).strip(), m.group(2).strip())] = (value, unit)
+        r = _RATIO.match(m.group(4).strip())
+        if r is not None:
+            rows[(m.group(1).strip(), m.group(2).strip() + " / its floor, same process")] = (float(r.group(1)), "x")
     return rows
 
 
@@ -83,10 +89,9 @@ def main() -> None:
         per_round = [x / y for x, y in zip(t, b) if y]
         ratio = statistics.median(t) / statistics.median(b) if statistics.median(b) else float("nan")
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if per_round else ""
-        lines.append(
-            f"| {k[0]} | {k[1]} | {statistics.median(b):,.1f} {unit} | {statistics.median(t):,.1f} {unit} "
-            f"| {ratio:.2f}x | {spread} |"
-        )
+        d = 2 if unit == "x" else 1
+        mb, mt = statistics.median(b), statistics.median(t)
+        lines.append(f"| {k[0]} | {k[1]} | {mb:,.{d}f} {unit} | {mt:,.{d}f} {unit} | {ratio:.2f}x | {spread} |")
     print("\n".join(lines))
 
 
