@@ -141,8 +141,11 @@ def test_a_bad_format_name_is_refused_where_it_is_given(tmp_path: Path, toy: reg
         gputrace.save(str(tmp_path / "t.json"), format="xml")
 
 
-@pytest.mark.parametrize("out", ["merged.toy", "merged.json"])
-def test_a_toy_format_merges(tmp_path: Path, toy: registry.Format, out: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("out, workers", [("merged.toy", 1), ("merged.json", 1), ("merged.json", 2)])
+def test_a_toy_format_merges(
+    tmp_path: Path, toy: registry.Format, out: str, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also in worker processes, which start knowing the built-in formats only."""
     from gputrace.merge import merge
 
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -152,7 +155,8 @@ def test_a_toy_format_merges(tmp_path: Path, toy: registry.Format, out: str, mon
         record(2)
         gputrace.save(str(tmp_path / f"trace_rank{rank}.toy"))
     gputrace.disable()
-    meta = merge([str(tmp_path / "trace_rank0.toy"), str(tmp_path / "trace_rank1.toy")], str(tmp_path / out))
+    paths = [str(tmp_path / "trace_rank0.toy"), str(tmp_path / "trace_rank1.toy")]
+    meta = merge(paths, str(tmp_path / out), workers=workers)
     assert meta["ranks"] == [0, 1]
     merged = registry.read(str(tmp_path / out))
     assert registry.detect(str(tmp_path / out)).extension == Path(out).suffix

@@ -107,12 +107,12 @@ def _group_label(group: list[Source]) -> str:
 
 def read_source(s: Source) -> Trace:
     """The source's trace: the one kept on it, else read from its file."""
-    return s.trace if s.trace is not None else read_trace(s.path)
+    return s.trace if s.trace is not None else read_trace(s.path, s.module)
 
 
 def _read_and_keep(s: Source) -> Trace:
     if s.trace is None:
-        s.trace = read_trace(s.path)
+        s.trace = read_trace(s.path, s.module)
     return s.trace
 
 

@@ -41,9 +41,11 @@ def files_of(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -
     return expand([os.fspath(p) for p in paths])
 
 
-def read_trace(path: str) -> Trace:
-    """One trace file of any registered format, as a `Trace` (no alignment, no checks)."""
-    return registry.read(path)
+def read_trace(path: str, module: str | None = None) -> Trace:
+    """One trace file of any registered format, as a `Trace` (no alignment, no checks); `module`:
+    its format's module, as `describe` found it (what a worker process needs to read a format
+    registered in its parent)."""
+    return registry.read(path, module=module)
 
 
 @dataclasses.dataclass
@@ -64,6 +66,7 @@ class Source:
     foreign: list[tuple[Any, int | None]] = dataclasses.field(default_factory=list)  # (pid, rank)
     merged_meta: Mapping[str, Any] | None = None
     trace: Trace | None = None  # kept when the file was read whole and is wanted again
+    module: str | None = None  # its format's module (workers read with it)
 
 
 def _ident(path: str) -> tuple[int, int] | None:
@@ -209,14 +212,14 @@ def describe(path: str, rank_from_filename: bool = False, keep: bool = True) -> 
     """Describe one file: from its header when its format says the header is complete (a
     finished gputrace JSON file), else from the whole trace, which stays on the `Source` with
     `keep` (read once, not twice)."""
+    module = registry.detect(path).module
     header = _complete_header(path)
-    if header is not None:
-        src = describe_header(path, header, rank_from_filename)
-        if src is not None:
-            return src
-    src = describe_trace(path, read_trace(path), rank_from_filename)
-    if not keep:
-        src.trace = None
+    src = describe_header(path, header, rank_from_filename) if header is not None else None
+    if src is None:
+        src = describe_trace(path, read_trace(path, module), rank_from_filename)
+        if not keep:
+            src.trace = None
+    src.module = module
     return src
 
 

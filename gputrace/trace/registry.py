@@ -165,9 +165,20 @@ def detect(path: str, head: bytes | None = None) -> Format:
     return by_extension(path) or _FORMATS[DEFAULT]
 
 
-def read(path: str, data: bytes | None = None) -> Trace:
-    """One trace file of any registered format, as a `Trace`."""
-    return detect(path, data[:64] if data is not None else None).read(path, data)
+def read(path: str, data: bytes | None = None, module: str | None = None) -> Trace:
+    """One trace file of any registered format, as a `Trace`. `module`: read it with that format's
+    module, as another process detected it (a merge worker starts with the built-in formats only,
+    not those its parent registered)."""
+    if module is None:
+        return detect(path, data[:64] if data is not None else None).read(path, data)
+    fmt = next((f for f in _FORMATS.values() if f.module == module), None)
+    if fmt is None:
+        fmt = Format(module, (), _never, module)  # known by its module alone, for this one read
+    return fmt.read(path, data)
+
+
+def _never(head: bytes) -> bool:
+    return False
 
 
 def rank_file_globs() -> tuple[str, ...]:
