@@ -116,9 +116,9 @@ def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:
     sets the device around the call: ~3 us against ~0.5 us a call on the H200 VM). The same
     float32; used only on a thread whose current device is the events' (so the runtime makes
     no context elsewhere); any failure falls back to torch's call. True when bound."""
-    from gputrace import record
+    from gputrace import native
 
-    hot: Any = getattr(record, "_hot", None)  # the C build in use, or None
+    hot: Any = native.hot  # the C build in use, or None
     calls = runtime_calls() if hot is not None else None
     if calls is None:
         return False

@@ -855,9 +855,10 @@ def _bind(hot: Any) -> None:
         hot.set_capture(STATE.captures)
     else:
         globals().update(Span=PySpan, OptSpan=PyOptSpan, span=_py_span, DisabledSpan=_DisabledSpan)
-    if old is not hot and ACTIVE is not None:  # the recorder in use goes on in the new implementation
-        ACTIVE.open, ACTIVE.close = (hot.open, hot.close) if hot is not None else (ACTIVE._open_py, ACTIVE._close_py)
-        set_recorder(RECORDER, ACTIVE)
+    if old is not hot:
+        _disabled.clear()  # the do-nothing handles of recording off are the old implementation's
+        if ACTIVE is not None:  # the recorder in use goes on in the new implementation
+            set_recorder(RECORDER, ACTIVE)
 
 
 def capture_changed(delta: int) -> None:
@@ -878,6 +879,8 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
         raise ValueError("set_recorder: the recorder spans record into must be the active one")
     STATE.recorder, STATE.active = rec, active
     RECORDER, ACTIVE = rec, active
+    if active is not None:  # it records through the implementation in use (one built before a switch too)
+        active.open, active.close = (_hot.open, _hot.close) if _hot is not None else (active._open_py, active._close_py)
     if _hot is not None:
         # Reads the whole state first, then switches in one step: a thread inside a span
         # meanwhile still sees the previous state, complete.

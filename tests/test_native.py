@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import gputrace
-from gputrace import native, record, resolve
+from gputrace import native, record, resolve, session
 from gputrace.resolve import RESOLVE_LAYOUT, RESOLVE_LAYOUT_VERSION, SpanStore
 from gputrace.trace import chrome, files, layout, model
 
@@ -72,6 +72,32 @@ def test_the_recorder_in_use_moves_with_a_switch() -> None:
         pass
     rec.flush(wait=True)
     assert [rec.store.names[i] for i in rec.store.name] == ["before", "after"]
+
+
+@needs_c
+def test_a_recorder_built_before_a_switch_records_through_the_implementation_in_use() -> None:
+    hot = native.hot
+    rec = install(FakeDevice())  # built while the C build is in use
+    record.set_recorder(None, None)  # not current while the switch happens
+    with native.using(False):
+        session.SESSION.install(rec)
+        assert rec.open == rec._open_py and rec.close == rec._close_py
+        with gputrace.timer("t"):
+            pass
+        with gputrace.span("py") as s:
+            assert type(s) is record.PySpan
+        rec.flush(wait=True)
+        assert [rec.store.names[i] for i in rec.store.name] == ["t", "py"]
+    assert rec.open is hot.open and rec.close is hot.close
+
+
+@needs_c
+def test_recording_off_gives_the_handles_of_the_implementation_in_use() -> None:
+    hot = native.hot
+    assert type(gputrace.span("off")) is hot.DisabledSpan
+    with native.using(False):
+        assert type(gputrace.span("off")) is record._DisabledSpan
+    assert type(gputrace.span("off")) is hot.DisabledSpan
 
 
 @needs_c
