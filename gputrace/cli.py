@@ -176,7 +176,7 @@ def demo(out_dir: str, steps: int, ranks: int) -> None:
                     show("steps, every rank", shown_done[0], total)
 
         paths = demo_mod.run_ranks(out_dir, steps, ranks, progress=rank_progress)
-        shown = os.path.join(out_dir, "merged.json")
+        shown = os.path.join(out_dir, "merged" + registry.get(registry.DEFAULT).extension)
         merge_mod.merge(paths, shown)
     click.echo(_summary_text(paths))
     for p in paths:

@@ -175,11 +175,11 @@ def clear_previous(out_dir: str) -> list[str]:
     a run with fewer ranks never merges or summarises a stale rank. Returns what was removed."""
     import glob
 
-    from gputrace.trace import registry
+    from gputrace.trace import digestfile, registry
 
     merged = [f"merged{fmt.extension}" for fmt in registry.formats()]
     removed = []
-    for pattern in (*registry.rank_file_globs(), "digest_rank*.digest", *merged):
+    for pattern in (*registry.rank_file_globs(), digestfile.RANK_GLOB, *merged):
         for path in glob.glob(os.path.join(out_dir, pattern)):
             os.remove(path)
             removed.append(path)

@@ -23,7 +23,7 @@ from typing import Any
 from gputrace import stats
 from gputrace.digest import HIST_ERROR, WARMUP_STEPS, from_trace, hist_middle
 from gputrace.errors import GputraceError, TraceFormatError
-from gputrace.trace import registry
+from gputrace.trace import digestfile, registry
 from gputrace.trace.digestfile import (
     TRACE_NAME,
     RankDigest,
@@ -35,7 +35,6 @@ from gputrace.trace.digestfile import (
     step_name_of,
 )
 from gputrace.trace.model import Trace
-from gputrace.trace.registry import TRACE_GLOBS
 
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
@@ -74,10 +73,12 @@ def find(paths: Iterable[str]) -> Inputs:
 
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(f for pattern in TRACE_GLOBS for f in glob.glob(os.path.join(p, pattern)))
-            found_digests = sorted(glob.glob(os.path.join(p, "digest_rank*.digest")))
+            found = sorted(f for pattern in registry.rank_file_globs() for f in glob.glob(os.path.join(p, pattern)))
+            found_digests = sorted(glob.glob(os.path.join(p, digestfile.RANK_GLOB)))
             if not found and not found_digests:
-                raise GputraceError(f"{p}: no trace_rank*.json, trace_rank*.pftrace or digest_rank*.digest files here")
+                raise GputraceError(
+                    f"{p}: no {', '.join(registry.rank_file_globs())} or {digestfile.RANK_GLOB} files here"
+                )
             traces += found
             digests += found_digests
         elif any(c in p for c in "*?["):

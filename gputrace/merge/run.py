@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from gputrace.errors import GputraceError, MergeError
+from gputrace.errors import GputraceError, MergeError, TraceFormatError
 from gputrace.merge.place import (
     Context,
     Maps,
@@ -324,10 +324,11 @@ def merge(
     if os.path.abspath(out) in {os.path.abspath(f) for f in files}:
         raise MergeError(f"{out} is one of the inputs; write the merged trace to another file")
     try:
-        impl = kind.impl
-    except ImportError as e:
-        raise GputraceError(f"writing {kind.name} traces needs {kind.module} ({e}); write JSON (-o x.json)") from None
-    writer = getattr(impl, "MergedWriter", None)
+        writer = kind.capability("MergedWriter")
+    except TraceFormatError as e:
+        raise GputraceError(
+            f"writing {kind.name} traces needs {kind.module} ({e.reason}); write JSON (-o x.json)"
+        ) from None
     args = (files, out, align, align_on, occurrence, rank_from_filename, allow_mixed, sel)
     if writer is None:
         trace = load(files, align, align_on, occurrence, rank_from_filename, allow_mixed, *_selection_args(sel))

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from gputrace.errors import MergeError
+from gputrace.errors import MergeError, TraceFormatError
 from gputrace.merge.select import format_ranks
 from gputrace.trace import registry
 from gputrace.trace.files import expand
@@ -227,10 +227,9 @@ def _complete_header(path: str) -> dict[str, Any] | None:
     """The file's header when its format can say, without reading the events, that the header
     holds everything the file knows (a format's optional `complete_header(path)`)."""
     try:
-        impl = registry.detect(path).impl
-    except ImportError:
+        complete = registry.detect(path).capability("complete_header", path)
+    except TraceFormatError:
         return None  # reading the whole file says what is missing
-    complete = getattr(impl, "complete_header", None)
     return cast("dict[str, Any] | None", complete(path)) if complete is not None else None
 
 

@@ -48,8 +48,8 @@ from gputrace.trace.layout import (
     plan_write,
     update_header,
 )
-from gputrace.trace.layout import Layout as Layout  # re-exported: merge lays out with chrome.Layout
-from gputrace.trace.layout import dumps as dumps  # re-exported: the digest writes with chrome.dumps
+from gputrace.trace.layout import Layout as Layout  # re-exported: the writer lays spans out with it
+from gputrace.trace.layout import dumps as dumps  # re-exported: the one JSON dump every writer uses
 from gputrace.trace.model import Process, Trace, Track, _NoCats
 
 # The C encoder of span events (same output as the Python loop below), and the C encoder of a

@@ -32,6 +32,8 @@ from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Process, SpanColumns, Trace, Track
 
 FORMAT = "gputrace-digest/1"
+#: The digests of a folder of ranks (`digest_path` names them).
+RANK_GLOB = "digest_rank*.digest"
 
 # Span flags.
 COLL = 1  # the span has a `collective` argument

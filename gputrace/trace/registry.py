@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -184,23 +184,6 @@ def _never(head: bytes) -> bool:
 def rank_file_globs() -> tuple[str, ...]:
     """The names of ranks' trace files in a folder, one pattern per format."""
     return tuple(f"trace_rank*{fmt.extension}" for fmt in _FORMATS.values())
-
-
-class _RankFileGlobs(Sequence[str]):
-    """`rank_file_globs()` as a constant to iterate, always the registry's current formats."""
-
-    def __getitem__(self, i: Any) -> Any:
-        return rank_file_globs()[i]
-
-    def __len__(self) -> int:
-        return len(_FORMATS)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(rank_file_globs())
-
-
-#: For modules that iterate the globs as a constant (today digest's folder search).
-TRACE_GLOBS: Sequence[str] = _RankFileGlobs()
 
 
 def _is_json(head: bytes) -> bool:
