@@ -24,6 +24,7 @@ digest (`digest.TraceDigest`) while it reaches the disk.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import signal
@@ -32,7 +33,7 @@ import statistics
 import threading
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gputrace import record
@@ -79,7 +80,10 @@ class Session:
         self.saved = False
         self._atexit = False
         self._previous: dict[int, Any] = {}  # signal -> the handler before ours
-        self._busy = False
+        # Per thread: how deep it is in a flush, save or reset (`_critical`). A signal handler
+        # runs in the main thread between any two bytecodes; inside one of those it waits there
+        # (`_deferred`) and runs when the outermost ends, so it never writes a trace half written.
+        self._inside = threading.local()
         self._deferred: tuple[int, Any] | None = None
 
     # ---- on and off --------------------------------------------------------------------------
@@ -176,19 +180,31 @@ class Session:
         rec = self.recorder
         if rec is None:
             return 0
-        with self.lock:
-            self._busy = True
-            try:
-                n = rec.flush(wait=wait)
-                self._sample_memory(rec)
-                if self.config.out_dir:
-                    self._append(rec)
-            finally:
-                self._busy = False
-            deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            self._on_signal(*deferred)
+        with self._critical():
+            n = rec.flush(wait=wait)
+            self._sample_memory(rec)
+            if self.config.out_dir:
+                self._append(rec)
         return n
+
+    @contextlib.contextmanager
+    def _critical(self) -> Iterator[list[bool]]:
+        """The session's lock, for a flush, save or reset of this thread. A signal caught inside
+        (in the main thread) is handled when the outermost one ends: the file is whole by then.
+        The block appends True to the list it is given once it has finished the trace (a save),
+        so that the signal's handler need not write it again."""
+        inside = self._inside
+        depth = getattr(inside, "depth", 0)
+        inside.depth = depth + 1
+        done: list[bool] = []
+        try:
+            with self.lock:
+                yield done
+        finally:
+            inside.depth = depth
+            if depth == 0 and self._deferred is not None and threading.current_thread() is threading.main_thread():
+                deferred, self._deferred = self._deferred, None
+                self._handle_signal(*deferred, write=not done)
 
     def _sample_memory(self, rec: Recorder) -> None:
         if rec.device is None:
@@ -338,6 +354,9 @@ class Session:
     def _append(self, rec: Recorder, final: bool = False) -> None:
         """Append the resolved spans (and counters) to the stream; they then leave memory."""
         stream = self.stream if self.stream is not None and not self.stream.closed else None
+        if stream is None and self.stream is not None and not len(rec.store) and not len(self.counters):
+            if not self._header_changed(self.stream):
+                return  # a finished file and nothing new: left as it is (a second save is free)
         if stream is None:
             stream = self._open_stream(rec) if self.stream is None else self._resume(rec)
         store = rec.store
@@ -397,7 +416,7 @@ class Session:
             raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
         fmt = registry.for_path(target, format) if (format or not os.path.isdir(target)) else None
         is_file = registry.by_extension(target) is not None  # any registered extension: a file
-        with self.lock:
+        with self._critical() as done:
             self.flush(wait=True)
             if self.config.out_dir:  # streaming: the file is on disk already
                 streamed = self._finish_stream()
@@ -408,6 +427,7 @@ class Session:
                     target = os.path.join(target, os.path.basename(streamed))
                 if os.path.abspath(target) != os.path.abspath(streamed):
                     _convert(streamed, target, fmt or registry.for_path(target))
+                done.append(True)
                 return target
             if not is_file:
                 rank = rank_info(self.config.rank).rank
@@ -435,7 +455,7 @@ class Session:
             for sink in sinks:
                 sink.finish({"metadata": trace.metadata})
             self.saved = True
-            return target
+            return target  # not `done`: a signal's handler still finishes a stream, if any
 
     def snapshot(self, rec: Recorder) -> Trace:
         """Everything recorded and not yet streamed, open spans included (closed at this moment
@@ -458,7 +478,7 @@ class Session:
     def reset(self) -> None:
         """Discard everything recorded so far and start a fresh trace (spans open now stay open
         and close into it). With an output directory, the rank's file starts again."""
-        with self.lock:
+        with self._critical():
             rec = self.recorder
             if rec is not None:
                 rec.discard()
@@ -551,12 +571,19 @@ class Session:
                 self._previous.pop(sig, None)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._busy:  # inside a flush of this thread: handled when it ends
+        if getattr(self._inside, "depth", 0):  # inside a flush, save or reset: handled when it ends
             self._deferred = (signum, frame)
             return
+        self._handle_signal(signum, frame)
+
+    def _handle_signal(self, signum: int, frame: Any, write: bool = True) -> None:
+        """What a SIGTERM or SIGINT does: with `write`, finish the file (the program dies of
+        it) or flush (a handler of the program's own runs next); then the handler before ours."""
         previous = self._previous.get(signum, signal.SIG_DFL)
         try:
-            if previous == signal.SIG_DFL or previous is None:
+            if not write:
+                pass  # a save just finished the file
+            elif previous == signal.SIG_DFL or previous is None:
                 # The program dies of this signal: finish the file first.
                 self.save()
             else:
@@ -730,7 +757,7 @@ def trace() -> Trace:
     rec = SESSION.recorder
     if rec is None:
         raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
-    with SESSION.lock:
+    with SESSION._critical():
         return SESSION.snapshot(rec)
 
 

