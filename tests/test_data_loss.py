@@ -10,11 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
+import orjson
 import pytest
 
-from gputrace.trace import registry
+import gputrace
+from gputrace import native
+from gputrace.trace import layout, registry
 from gputrace.validate import format_report, validate_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,3 +111,65 @@ def test_sigterm_sent_while_a_large_save_is_under_way(tmp_path: Path) -> None:
     assert proc.returncode in (-signal.SIGTERM, 0), err
     assert not temps(tmp_path)
     assert_valid(tmp_path / "trace_rank0.json", spans=6000 * 100 + 1)
+
+
+# ---- 3. a span argument that cannot be written -------------------------------------------------
+
+
+class NoRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("this object has no repr")
+
+
+@pytest.mark.parametrize("c", [True, False], ids=["c", "python"])
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "whole"])
+@pytest.mark.parametrize("fmt", ["json", "perfetto"])
+def test_an_argument_that_cannot_be_written_becomes_a_placeholder(
+    tmp_path: Path, fmt: str, streaming: bool, c: bool
+) -> None:
+    if c and native.hot is None and native.UNUSED_BECAUSE:
+        pytest.skip(f"no C build: {native.UNUSED_BECAUSE}")
+    with native.using(c):
+        me: dict[str, object] = {}
+        me["me"] = me
+        loop: list[object] = [1]
+        loop.append(loop)
+        gputrace.enable(cuda=False, format=fmt, **({"out_dir": str(tmp_path)} if streaming else {}))
+        with gputrace.span("before", n=1):
+            pass
+        with gputrace.span("itself", d=me, l=loop, ok=1):
+            pass
+        gputrace.flush()  # raised into the training loop, every flush after too
+        with gputrace.span("no repr", x=NoRepr(), ok="yes"):
+            pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing to warn about either
+            gputrace.flush()
+        for step in range(3):
+            with gputrace.span("after", step=step):
+                pass
+            gputrace.flush()
+        path = gputrace.save() if streaming else gputrace.save(str(tmp_path / f"t{EXT[fmt]}"))
+        gputrace.disable()
+    assert_valid(Path(path))
+    t = registry.read(path)
+    rows = {t.names[t.spans.name[i]] + str((t.spans.args[i] or {}).get("step", "")): t.spans.args[i]
+            for i in range(len(t.spans))}  # fmt: skip
+    assert rows["before"] == {"n": 1}
+    assert rows["itself"] == {"d": {"me": "<unserializable: dict>"}, "l": [1, "<unserializable: list>"], "ok": 1}
+    assert rows["no repr"] == {"x": "<unserializable: NoRepr>", "ok": "yes"}
+    assert [rows[f"after{s}"] for s in range(3)] == [{"step": s} for s in range(3)]
+    assert len(t.spans) == 6
+
+
+def test_dumps_never_raises() -> None:
+    deep: list[object] = []
+    inner = deep
+    for _ in range(1000):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    assert layout.dumps({"deep": deep}).count(b"<unserializable: list>") == 1
+    assert orjson.loads(layout.dumps({"x": NoRepr(), 1.5: float("nan")})) == {
+        "x": "<unserializable: NoRepr>",
+        "1.5": "nan",
+    }

@@ -63,11 +63,13 @@ from gputrace.trace.layout import (
     CUDA_TRACK,
     Layout,
     ProcessLayout,
+    clean,
     dumps,
     lane_name,
     nest_in_end_order,
     plan_write,
     process_facts,
+    safe_repr,
     update_header,
 )
 from gputrace.trace.model import Process, Trace, Track
@@ -505,10 +507,11 @@ class _Encoder:
                 f += 1
                 a, cat = a if isinstance(a, tuple) else (a, None)
                 te = packets[j - lo].track_event
-                for key, value in (a or {}).items():
-                    d = te.debug_annotations.add()
-                    d.name_iid = key_iid[str(key)]
-                    _set_value(d, value)
+                try:
+                    _annotate(te, a, key_iid)
+                except Exception:  # noqa: BLE001 - a value that cannot be written: its placeholder
+                    del te.debug_annotations[:]
+                    _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
                 if cat is not None:
                     te.category_iids.append(cat_iid[cat])
             out.append(batch.SerializeToString())
@@ -547,6 +550,14 @@ class _Encoder:
             out.append(batch.SerializeToString())
 
 
+def _annotate(te: Any, args: dict[str, Any] | None, key_iid: dict[str, int]) -> None:
+    """A span's arguments as its debug annotations."""
+    for key, value in (args or {}).items():
+        d = te.debug_annotations.add()
+        d.name_iid = key_iid[str(key)]
+        _set_value(d, value)
+
+
 def _set_value(a: pb.DebugAnnotation, value: Any) -> None:
     """A JSON-like value as a debug annotation. None is an annotation without a value (Perfetto
     shows none; a JSON `null` would stop its importer), an empty container a nested value of that
@@ -577,7 +588,7 @@ def _set_value(a: pb.DebugAnnotation, value: Any) -> None:
         for v in value:
             _set_value(a.array_values.add(), v)
     elif value is not None:
-        a.string_value = _text(repr(value))
+        a.string_value = _text(safe_repr(value))
 
 
 # ---- streaming ----------------------------------------------------------------------------------
