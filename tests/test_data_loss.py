@@ -5,6 +5,7 @@ written, a file that cannot grow, and temp files left by a killed writer."""
 from __future__ import annotations
 
 import glob
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 
 import gputrace
 from gputrace import native
-from gputrace.trace import layout, registry
+from gputrace.trace import files, layout, registry
 from gputrace.validate import format_report, validate_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,3 +174,63 @@ def test_dumps_never_raises() -> None:
         "x": "<unserializable: NoRepr>",
         "1.5": "nan",
     }
+
+
+# ---- 5. a save killed part way -----------------------------------------------------------------
+
+
+def test_the_next_save_removes_the_temp_file_of_a_killed_save(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SAVE_CHILD), str(tmp_path), "json", "4000", "SIGTERM", "no"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "saving"
+    deadline = time.monotonic() + 60
+    while not temps(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    proc.kill()
+    proc.communicate(timeout=60)
+    left = temps(tmp_path)
+    assert left and proc.returncode == -signal.SIGKILL, "the kill must land while the save is under way"
+    # A live process's temp file beside it (this test's own) must stay.
+    live = tmp_path / f".gputrace-{os.getpid()}@{files._host()}@abc123.tmp"
+    live.write_bytes(b"being written")
+    other_host = tmp_path / ".gputrace-1@another-host@abc123.tmp"
+    other_host.write_bytes(b"another machine's")
+    # The next run into the folder (here, this process streaming to it) removes the dead one.
+    gputrace.enable(out_dir=str(tmp_path), cuda=False)
+    with gputrace.span("next run"):
+        pass
+    gputrace.flush()
+    assert sorted(temps(tmp_path)) == sorted([str(live), str(other_host)])
+    gputrace.save()
+    gputrace.disable()
+    assert sorted(temps(tmp_path)) == sorted([str(live), str(other_host)])
+
+
+@pytest.mark.parametrize("fmt", ["json", "perfetto"])
+def test_a_save_removes_temp_files_of_dead_writers_only(tmp_path: Path, fmt: str) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # reaped: no process has this pid now (unless reused, then kept)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = files._host()
+        gone = tmp_path / f".gputrace-{dead_pid}@{host}@x1.tmp"
+        kept = tmp_path / f".gputrace-{sleeper.pid}@{host}@x2.tmp"
+        old_style = tmp_path / ".gputrace-k3j2h1.tmp"  # no writer named: left alone
+        for p in (gone, kept, old_style):
+            p.write_bytes(b"x" * 1000)
+        gputrace.enable(cuda=False)
+        with gputrace.span("s"):
+            pass
+        gputrace.save(str(tmp_path / f"t{EXT[fmt]}"))
+        gputrace.disable()
+        assert not gone.exists() or files._alive(dead_pid)
+        assert kept.exists() and old_style.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -46,7 +46,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import tempfile
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -126,7 +125,7 @@ def _write_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:
     base = rng[0] if rng else 0
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+    fd, tmp = files.temp_file(directory)
     os.close(fd)
     info = trace.metadata.get("world_size")
     process = trace.processes[0]
