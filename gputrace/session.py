@@ -85,6 +85,8 @@ class Session:
         # (`_deferred`) and runs when the outermost ends, so it never writes a trace half written.
         self._inside = threading.local()
         self._deferred: tuple[int, Any] | None = None
+        self.unwritten = 0  # spans the stream's file could not take (a full disk), dropped
+        self._told_unwritable = False
 
     # ---- on and off --------------------------------------------------------------------------
 
@@ -292,6 +294,7 @@ class Session:
             "clock": self.clock_metadata(rec),
             "spans": self._spans_total(store) + unfinished,
             "spans_dropped": store.dropped,
+            "spans_unwritten": self.unwritten,
             "spans_unfinished": unfinished,
             "spans_skipped_in_cuda_graph_capture": rec.skipped_in_capture,
             "options": {k: v for k, v in vars(self.config).items()},
@@ -357,22 +360,61 @@ class Session:
         if stream is None and self.stream is not None and not len(rec.store) and not len(self.counters):
             if not self._header_changed(self.stream):
                 return  # a finished file and nothing new: left as it is (a second save is free)
-        if stream is None:
-            stream = self._open_stream(rec) if self.stream is None else self._resume(rec)
+        if stream is None and self.stream is None:
+            stream = self._open_stream(rec)
+        elif stream is None:
+            try:
+                stream = self._resume(rec)
+            except (OSError, GputraceError) as e:
+                self._unwritable(rec, self.stream, e)
+                return
         store = rec.store
         trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
+        told = (getattr(stream, "syncs_written", 0), getattr(stream, "run_id", None))
         if self._header_changed(stream):
-            update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
-        for sink in self.sinks:
+            meta: dict[str, Any] = {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}
+            if self.unwritten:
+                meta["spans_unwritten"] = self.unwritten
+            update = {"metadata": meta}
+        try:
+            self.sinks[0].add(trace, update)  # the stream: the others take what it has written
+        except OSError as e:
+            stream.syncs_written, stream.run_id = told  # the update goes with the next chunk written
+            self._unwritable(rec, stream, e)
+            return
+        stream.unwritten_told = self.unwritten
+        for sink in self.sinks[1:]:
             sink.add(trace, update)
         stream.counts = (store.dropped, rec.skipped_in_capture)
         store.clear()
         self.counters = CounterColumns()
 
+    def _unwritable(self, rec: Recorder, stream: Any, error: BaseException) -> None:
+        """The stream's file cannot take this flush's spans (the disk is full, the file past its
+        size limit): they are dropped and counted (`spans_unwritten`, in the header once the file
+        takes a write again, and at save), with one warning; memory stays flat. The file keeps
+        what it had: a write cut short is taken back (`AppendFile`)."""
+        self.unwritten += len(rec.store)
+        rec.store.clear()
+        self.counters = CounterColumns()
+        if not self._told_unwritable:
+            self._told_unwritable = True
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            warnings.warn(
+                f"gputrace cannot write {stream.path}: {reason}; the spans of each flush that cannot be written are "
+                "dropped and counted in the trace (spans_unwritten)",
+                GputraceWarning,
+                stacklevel=4,
+            )
+
     def _header_changed(self, stream: Any) -> bool:
-        return getattr(stream, "syncs_written", 0) != len(self.syncs) or getattr(stream, "run_id", None) != self.run_id
+        return (
+            getattr(stream, "syncs_written", 0) != len(self.syncs)
+            or getattr(stream, "run_id", None) != self.run_id
+            or getattr(stream, "unwritten_told", 0) != self.unwritten
+        )
 
     def _new_syncs(self, stream: Any) -> list[dict[str, Any]]:
         done = getattr(stream, "syncs_written", 0)
@@ -394,13 +436,24 @@ class Session:
         trace = self.rank_trace(rec, snapshot, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         trace.counters = CounterColumns()  # the last flush's chunk carried them
-        for sink in self.sinks:
-            sink.add(trace)
-        header = self._header(rec, rec.store, len(snapshot))
+        unfinished = len(snapshot)
+        try:
+            self.sinks[0].add(trace)
+        except OSError as e:
+            self._unwritable(rec, stream, e)
+            self.unwritten += unfinished
+            unfinished = 0
+        else:
+            for sink in self.sinks[1:]:
+                sink.add(trace)
+        header = self._header(rec, rec.store, unfinished)
         header["metadata"]["spans"] = stream.spans_written
         header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
-        for sink in self.sinks:
-            sink.finish(header)
+        try:
+            for sink in self.sinks:
+                sink.finish(header)
+        except OSError as e:  # the file as streamed stays, loadable
+            raise GputraceError(f"cannot finish {stream.path}: {e.strerror or e}") from None
         return str(stream.path)
 
     def _digest_written(self, path: str) -> None:
@@ -489,6 +542,7 @@ class Session:
             self.counter_names = []
             self.counters = CounterColumns()
             self.saved = False
+            self.unwritten, self._told_unwritable = 0, False
             if self.clock is not None:
                 self.started_ns = self.clock.now()
 

@@ -234,3 +234,61 @@ def test_a_save_removes_temp_files_of_dead_writers_only(tmp_path: Path, fmt: str
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# ---- 4. a full disk while streaming ------------------------------------------------------------
+
+# 60 steps of 51 host spans, a flush each. From step 20 the stream's file cannot grow past 3,000
+# more bytes (RLIMIT_FSIZE: the kernel refuses the write with EFBIG, as a full disk does with
+# ENOSPC, possibly part way through); from step 40 it can again. Prints what it saw as JSON.
+FULL_CHILD = """
+    import json, os, resource, sys, warnings
+    import gputrace
+    from gputrace.trace import registry
+
+    out, fmt = sys.argv[1], sys.argv[2]
+    warnings.simplefilter("always")
+    told = []
+    warnings.showwarning = lambda m, c, *a, **k: told.append(c.__name__ + ": " + str(m))
+    gputrace.enable(out_dir=out, cuda=False, format=fmt)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    path = None
+    midway = None
+    for step in range(60):
+        with gputrace.span("step", step=step):
+            for i in range(50):
+                with gputrace.span("op", i=i):
+                    pass
+        if step == 20:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + 3000, hard))
+        if step == 40:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        gputrace.flush()  # never raises
+        path = gputrace.session.SESSION.stream.path
+        if step == 45:  # what a crash now would leave
+            midway = registry.read(path).metadata.get("spans_unwritten")
+    saved = gputrace.save()
+    print(json.dumps({"told": told, "path": saved, "midway": midway}))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["json", "perfetto"])
+def test_a_full_disk_while_streaming_is_one_warning_and_counted_spans(tmp_path: Path, fmt: str) -> None:
+    r = run_child(FULL_CHILD, str(tmp_path), fmt)
+    assert r.returncode == 0, r.stderr
+    got = orjson.loads(r.stdout.splitlines()[-1])
+    assert len(got["told"]) == 1, got["told"]
+    assert got["told"][0].startswith("GputraceWarning: gputrace cannot write") and "File too large" in got["told"][0]
+    path = Path(got["path"])
+    assert_valid(path)
+    t = registry.read(str(path))
+    unwritten = t.metadata["spans_unwritten"]
+    assert unwritten > 0 and unwritten % 51 == 0  # whole flushes dropped, nothing half written
+    assert len(t.spans) + unwritten == 60 * 51
+    assert t.metadata["spans"] == len(t.spans)
+    assert got["midway"] == unwritten  # the streamed file said so once it could be written again
+    steps = sorted(
+        int((t.spans.args[i] or {})["step"]) for i in range(len(t.spans)) if t.names[t.spans.name[i]] == "step"
+    )
+    assert steps[:20] == list(range(20)) and steps[-20:] == list(range(40, 60))
+    assert not temps(tmp_path)

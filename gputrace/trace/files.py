@@ -261,12 +261,22 @@ class AppendFile:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         remove_dead_temps(os.path.dirname(os.path.abspath(path)))  # a killed run's save, before this one
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        self._size = 0  # what the file holds of whole writes
 
     def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
+        """Append `data` whole, or raise OSError with the file as it was (a full disk can cut a
+        write short; later writes would then land after half an event)."""
+        try:
+            write_all(self._fd, data)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def _reopen(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size
 
     @property
     def closed(self) -> bool:
