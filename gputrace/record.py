@@ -583,6 +583,18 @@ class Recorder:
                 self._check_at = check_at
             return len(done) - len(later)
 
+    def take_resolved(self) -> SpanStore:
+        """The resolved rows, moved out of the store (which goes on empty) in one step: spans
+        other threads resolve meanwhile (a full pending list resolves on any thread's span exit)
+        go to the next take, never half into this one."""
+        with self._lock:
+            return self.store.take()
+
+    def resolved_copy(self) -> SpanStore:
+        """A copy of the resolved rows, taken in one step (as `take_resolved`)."""
+        with self._lock:
+            return self.store.copy()
+
     def open_spans(self) -> list[Span]:
         with self._lock:
             return [s for stack in self._stacks for s in stack]
@@ -596,13 +608,16 @@ class Recorder:
             copies = []
             # One end for every open span of a track (one host reading; one event a stream), so
             # spans open inside each other end together and still nest.
+            # Other threads open spans meanwhile (without this lock): the end is read once the
+            # open spans are listed, so none of them starts after it.
+            opened = self.open_spans()
             now = self._mono()
             ends: dict[int, Any] = {}
-            for s in self.open_spans():
+            for s in opened:
                 c = PySpan(s.name, {**(s.args or {}), "unfinished": True})
                 c.stack, c.parent, c.id, c.t0 = s.stack, s.parent, self.store.id_of(s), s.t0
                 if s.stack.device is None:
-                    c.t1 = now
+                    c.t1 = now if now >= c.t0 else c.t0
                 else:
                     end = ends.get(id(s.stack))
                     if end is None:

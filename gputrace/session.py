@@ -366,9 +366,10 @@ class Session:
             try:
                 stream = self._resume(rec)
             except (OSError, GputraceError) as e:
-                self._unwritable(rec, self.stream, e)
+                self._unwritable(rec, self.stream, e, len(rec.take_resolved()))
                 return
-        store = rec.store
+        # The rows leave the recorder's store in one step: other threads go on resolving into it.
+        store = rec.take_resolved()
         trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
@@ -382,22 +383,20 @@ class Session:
             self.sinks[0].add(trace, update)  # the stream: the others take what it has written
         except OSError as e:
             stream.syncs_written, stream.run_id = told  # the update goes with the next chunk written
-            self._unwritable(rec, stream, e)
+            self._unwritable(rec, stream, e, len(store))
             return
         stream.unwritten_told = self.unwritten
         for sink in self.sinks[1:]:
             sink.add(trace, update)
-        stream.counts = (store.dropped, rec.skipped_in_capture)
-        store.clear()
+        stream.counts = (rec.store.dropped, rec.skipped_in_capture)
         self.counters = CounterColumns()
 
-    def _unwritable(self, rec: Recorder, stream: Any, error: BaseException) -> None:
+    def _unwritable(self, rec: Recorder, stream: Any, error: BaseException, spans: int) -> None:
         """The stream's file cannot take this flush's spans (the disk is full, the file past its
         size limit): they are dropped and counted (`spans_unwritten`, in the header once the file
         takes a write again, and at save), with one warning; memory stays flat. The file keeps
         what it had: a write cut short is taken back (`AppendFile`)."""
-        self.unwritten += len(rec.store)
-        rec.store.clear()
+        self.unwritten += spans
         self.counters = CounterColumns()
         if not self._told_unwritable:
             self._told_unwritable = True
@@ -440,8 +439,7 @@ class Session:
         try:
             self.sinks[0].add(trace)
         except OSError as e:
-            self._unwritable(rec, stream, e)
-            self.unwritten += unfinished
+            self._unwritable(rec, stream, e, unfinished)
             unfinished = 0
         else:
             for sink in self.sinks[1:]:
@@ -515,9 +513,10 @@ class Session:
         in a throwaway store, marked `unfinished`)."""
         rec.flush(wait=True)
         snapshot = rec.resolve_open()
-        trace = self.rank_trace(rec)
+        store = rec.resolved_copy()  # in one step: other threads may be resolving into the store
+        trace = self.rank_trace(rec, store)
         if len(snapshot):
-            meta = self.metadata(rec, rec.store, len(snapshot))
+            meta = self.metadata(rec, store, len(snapshot))
             trace.metadata.update(meta)
             trace.processes[0] = dataclasses.replace(trace.processes[0], metadata=trace.metadata)
             # The snapshot's rows join the store's columns in a copy (open spans are few); the

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ import orjson
 import pytest
 
 import gputrace
-from gputrace import native
+from gputrace import native, session
 from gputrace.trace import files, layout, registry
 from gputrace.validate import format_report, validate_file
 
@@ -292,3 +293,94 @@ def test_a_full_disk_while_streaming_is_one_warning_and_counted_spans(tmp_path: 
     )
     assert steps[:20] == list(range(20)) and steps[-20:] == list(range(40, 60))
     assert not temps(tmp_path)
+
+
+# ---- 2. threads recording while another flushes, saves and resets ------------------------------
+
+
+PUBLISH = files.publish  # as imported, before the suite's fixture checks every file it renames
+
+
+def rss_mb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the memory in use from /proc")
+@pytest.mark.parametrize("c", [True, False], ids=["c", "python"])
+def test_threads_record_while_another_flushes_saves_and_resets(
+    tmp_path: Path, c: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if c and native.hot is None and native.UNUSED_BECAUSE:
+        pytest.skip(f"no C build: {native.UNUSED_BECAUSE}")
+    # The file is validated at the end, and at every save through the stream's own checks; the
+    # suite's check at every rename would read the growing file hundreds of times.
+    monkeypatch.setattr(files, "publish", PUBLISH)
+    seconds = 4.0
+    with native.using(c):
+        # A short pending list: the recording threads resolve into the store all the time (the
+        # race with a flush's encoding); a span limit: what bounds memory when 16 threads record
+        # faster than one can write (past it spans are counted, not kept).
+        gputrace.enable(out_dir=str(tmp_path), cuda=False, max_pending=256, max_spans=500_000)
+        stop = threading.Event()
+        failed: list[str] = []
+
+        def record(k: int) -> None:
+            try:
+                while not stop.is_set():
+                    with gputrace.span("outer", k=k):
+                        for _ in range(20):
+                            with gputrace.span("inner"):
+                                pass
+                    time.sleep(0.0002)  # the GIL for the others now and then, as a training loop's waits give it
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failed.append(f"thread {k}: {e!r}")
+
+        threads = [threading.Thread(target=record, args=(k,), name=f"rec{k}") for k in range(16)]
+        # Threads take turns every 20 us rather than 5 ms: a recording thread's resolve lands
+        # inside a flush's encoding far more often.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(2e-5)
+        before = peak = rss_mb()
+        calls = 0
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            for t in threads:
+                t.start()
+            try:
+                # Long enough to have failed on the old code (it did within a few seconds, or a
+                # few dozen calls), however busy the machine.
+                end, cap = time.monotonic() + seconds, time.monotonic() + 60
+                while (time.monotonic() < end or calls < 40) and time.monotonic() < cap:
+                    what = ("flush", "save", "flush", "reset", "trace")[calls % 5]
+                    try:
+                        if what == "flush":
+                            gputrace.flush()
+                        elif what == "save":
+                            gputrace.save()
+                        elif what == "reset":
+                            gputrace.reset()
+                        else:
+                            session.trace()
+                    except Exception as e:  # noqa: BLE001 - every call must succeed: reported below
+                        failed.append(f"{what} #{calls}: {e!r}")
+                    calls += 1
+                    peak = max(peak, rss_mb())
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
+                sys.setswitchinterval(switch)
+            with gputrace.span("inner"):  # the last call may have been a reset: one span at least
+                pass
+            path = gputrace.save()
+        gputrace.disable()
+    assert not failed, failed[:5]
+    assert not [str(w.message) for w in told if issubclass(w.category, gputrace.GputraceWarning)]
+    assert calls >= 40
+    assert_valid(Path(path))
+    t = registry.read(path)
+    assert {t.names[i] for i in set(t.spans.name)} == {"outer", "inner"}, (calls, t.metadata)
+    # What is resolved leaves memory at every flush: the store never holds more than the spans
+    # recorded between two of them (the old failure kept every span once a flush had failed).
+    assert peak - before < 1500, f"memory grew by {peak - before} MB"
