@@ -513,7 +513,9 @@ class Session:
         in a throwaway store, marked `unfinished`)."""
         rec.flush(wait=True)
         snapshot = rec.resolve_open()
-        store = rec.resolved_copy()  # in one step: other threads may be resolving into the store
+        # Other threads may be resolving into the store (a full pending list resolves on any
+        # thread's span exit): their rows are copied in one step; alone, nothing can change it.
+        store = rec.resolved_copy() if threading.active_count() > 1 else rec.store
         trace = self.rank_trace(rec, store)
         if len(snapshot):
             meta = self.metadata(rec, store, len(snapshot))
