@@ -295,6 +295,9 @@ class Recorder:
         self.skipped_in_capture = 0
         self._stacks: list[_Stack] = []  # every stack of every thread, for save-time and misuse
         self._lock = threading.RLock()
+        # Run once a flush on this thread lets go of the lock: the session's handling of a signal
+        # caught while the lock was held here (a resolve half done), set by `on_release`.
+        self._after_flush: Callable[[], None] | None = None
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
         self._has_device = device is not None
@@ -542,10 +545,26 @@ class Recorder:
 
     # ---- flush and save -------------------------------------------------------------------
 
+    def busy_here(self) -> bool:
+        """Whether this thread is inside the recorder's slow paths (a flush, a resolve of the open
+        spans, a new track): what they change is then half changed."""
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
+    def on_release(self, run: Callable[[], None]) -> None:
+        """Call `run` once the flush under way on this thread has let go of the lock."""
+        self._after_flush = run
+
     def flush(self, wait: bool = False, limit: int | None = None) -> int:
         """Resolve every span the GPU has finished (all of them with `wait`) into the store;
         with `limit`, only among the oldest `limit` pending spans. Without `wait` it never drains
         the GPU: it asks events, and anchors on a side stream."""
+        n = self._flush(wait, limit)
+        if self._after_flush is not None and not self.busy_here():
+            run, self._after_flush = self._after_flush, None
+            run()
+        return n
+
+    def _flush(self, wait: bool, limit: int | None) -> int:
         with self._lock:
             if wait and self.device is not None:
                 self.device.synchronize()

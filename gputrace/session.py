@@ -626,10 +626,28 @@ class Session:
                 self._previous.pop(sig, None)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        rec = self.recorder
         if getattr(self._inside, "depth", 0):  # inside a flush, save or reset: handled when it ends
             self._deferred = (signum, frame)
             return
+        if rec is not None and rec.busy_here():  # a resolve a span exit began: handled when it ends
+            self._deferred = (signum, frame)
+            rec.on_release(self._run_deferred)
+            return
         self._handle_signal(signum, frame)
+
+    def _run_deferred(self) -> None:
+        """The signal deferred by `_on_signal` while the recorder was busy on this thread."""
+        if getattr(self._inside, "depth", 0):
+            return  # the session's own flush, save or reset handles it as it ends
+        if threading.current_thread() is not threading.main_thread():
+            rec = self.recorder  # another thread's flush ended first: the main thread's is next
+            if rec is not None and self._deferred is not None:
+                rec.on_release(self._run_deferred)
+            return
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._handle_signal(*deferred)
 
     def _handle_signal(self, signum: int, frame: Any, write: bool = True) -> None:
         """What a SIGTERM or SIGINT does: with `write`, finish the file (the program dies of

@@ -384,3 +384,52 @@ def test_threads_record_while_another_flushes_saves_and_resets(
     # What is resolved leaves memory at every flush: the store never holds more than the spans
     # recorded between two of them (the old failure kept every span once a flush had failed).
     assert peak - before < 1500, f"memory grew by {peak - before} MB"
+
+
+# A signal while a span's exit resolves a full pending list (no flush or save of the session's
+# under way): it sends itself the signal as the recorder begins resolving a slice of spans.
+RESOLVE_CHILD = """
+    import os, signal, sys
+    import gputrace
+    from gputrace import record
+
+    out, sig = sys.argv[1], getattr(signal, sys.argv[2])
+    gputrace.enable(out_dir=out, cuda=False, max_pending=1000)
+    for k in range(20):
+        with gputrace.span("step", step=k):
+            for i in range(99):
+                with gputrace.span("op"):
+                    pass
+        gputrace.flush()
+    real = record.resolve
+    def resolve(*args):
+        record.resolve = real
+        os.kill(os.getpid(), sig)  # handled at the next line of Python: inside the resolve
+        return real(*args)
+    record.resolve = resolve
+    for i in range(5000):
+        with gputrace.span("late"):
+            pass
+    print("not stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("c", [True, False], ids=["c", "python"])
+def test_a_signal_while_a_span_exit_resolves_loses_nothing(tmp_path: Path, c: bool) -> None:
+    if c and native.hot is None and native.UNUSED_BECAUSE:
+        pytest.skip(f"no C build: {native.UNUSED_BECAUSE}")
+    env = {**os.environ, "GPUTRACE_PURE_PYTHON": "0" if c else "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RESOLVE_CHILD), str(tmp_path), "SIGTERM"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert "not stopped" not in r.stdout and "could not" not in r.stderr, r.stderr
+    # Every span closed before the signal: the flushed steps, and the 1,000 pending at the exit
+    # that found the list full (half of them were being resolved when the signal came).
+    assert_valid(tmp_path / "trace_rank0.json", spans=20 * 100 + 1000)
+    assert (tmp_path / "trace_rank0.json").read_bytes().startswith(b"{")
