@@ -295,6 +295,9 @@ class Recorder:
         self.skipped_in_capture = 0
         self._stacks: list[_Stack] = []  # every stack of every thread, for save-time and misuse
         self._lock = threading.RLock()
+        # Run once a flush on this thread lets go of the lock: the session's handling of a signal
+        # caught while the lock was held here (a resolve half done), set by `on_release`.
+        self._after_flush: Callable[[], None] | None = None
         self._mono = clock.monotonic_ns
         self._track_keys: dict[Any, Track] = {}
         self._has_device = device is not None
@@ -542,10 +545,26 @@ class Recorder:
 
     # ---- flush and save -------------------------------------------------------------------
 
+    def busy_here(self) -> bool:
+        """Whether this thread is inside the recorder's slow paths (a flush, a resolve of the open
+        spans, a new track): what they change is then half changed."""
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
+    def on_release(self, run: Callable[[], None]) -> None:
+        """Call `run` once the flush under way on this thread has let go of the lock."""
+        self._after_flush = run
+
     def flush(self, wait: bool = False, limit: int | None = None) -> int:
         """Resolve every span the GPU has finished (all of them with `wait`) into the store;
         with `limit`, only among the oldest `limit` pending spans. Without `wait` it never drains
         the GPU: it asks events, and anchors on a side stream."""
+        n = self._flush(wait, limit)
+        if self._after_flush is not None and not self.busy_here():
+            run, self._after_flush = self._after_flush, None
+            run()
+        return n
+
+    def _flush(self, wait: bool, limit: int | None) -> int:
         with self._lock:
             if wait and self.device is not None:
                 self.device.synchronize()
@@ -583,6 +602,18 @@ class Recorder:
                 self._check_at = check_at
             return len(done) - len(later)
 
+    def take_resolved(self) -> SpanStore:
+        """The resolved rows, moved out of the store (which goes on empty) in one step: spans
+        other threads resolve meanwhile (a full pending list resolves on any thread's span exit)
+        go to the next take, never half into this one."""
+        with self._lock:
+            return self.store.take()
+
+    def resolved_copy(self) -> SpanStore:
+        """A copy of the resolved rows, taken in one step (as `take_resolved`)."""
+        with self._lock:
+            return self.store.copy()
+
     def open_spans(self) -> list[Span]:
         with self._lock:
             return [s for stack in self._stacks for s in stack]
@@ -596,13 +627,16 @@ class Recorder:
             copies = []
             # One end for every open span of a track (one host reading; one event a stream), so
             # spans open inside each other end together and still nest.
+            # Other threads open spans meanwhile (without this lock): the end is read once the
+            # open spans are listed, so none of them starts after it.
+            opened = self.open_spans()
             now = self._mono()
             ends: dict[int, Any] = {}
-            for s in self.open_spans():
+            for s in opened:
                 c = PySpan(s.name, {**(s.args or {}), "unfinished": True})
                 c.stack, c.parent, c.id, c.t0 = s.stack, s.parent, self.store.id_of(s), s.t0
                 if s.stack.device is None:
-                    c.t1 = now
+                    c.t1 = now if now >= c.t0 else c.t0
                 else:
                     end = ends.get(id(s.stack))
                     if end is None:

@@ -57,6 +57,27 @@ class SpanStore:
             del col[:]
         self.args = []
 
+    def take(self) -> SpanStore:
+        """The rows, moved into a new store that shares the names; this one goes on empty (its
+        ids and counts go on). The caller holds the lock resolves into this store under."""
+        taken = SpanStore(self.capacity)
+        taken.names, taken._name_index = self.names, self._name_index
+        taken.name, taken.track, taken.start, taken.end, taken.args = (
+            self.name, self.track, self.start, self.end, self.args
+        )  # fmt: skip
+        self.name, self.track, self.start, self.end = array("l"), array("l"), array("q"), array("q")
+        self.args = []
+        return taken
+
+    def copy(self) -> SpanStore:
+        """The rows, copied into a new store that shares the names (under the lock, as `take`)."""
+        copied = SpanStore(self.capacity)
+        copied.names, copied._name_index = self.names, self._name_index
+        copied.name, copied.track, copied.start, copied.end = self.name[:], self.track[:], self.start[:], self.end[:]
+        copied.args = self.args[:]
+        copied.dropped = self.dropped
+        return copied
+
     def id_of(self, s: Span) -> int:
         """A span's id, given on first need (the hot path never numbers spans)."""
         i = getattr(s, "id", None)

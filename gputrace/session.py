@@ -24,6 +24,7 @@ digest (`digest.TraceDigest`) while it reaches the disk.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import signal
@@ -32,7 +33,7 @@ import statistics
 import threading
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gputrace import record
@@ -79,8 +80,13 @@ class Session:
         self.saved = False
         self._atexit = False
         self._previous: dict[int, Any] = {}  # signal -> the handler before ours
-        self._busy = False
+        # Per thread: how deep it is in a flush, save or reset (`_critical`). A signal handler
+        # runs in the main thread between any two bytecodes; inside one of those it waits there
+        # (`_deferred`) and runs when the outermost ends, so it never writes a trace half written.
+        self._inside = threading.local()
         self._deferred: tuple[int, Any] | None = None
+        self.unwritten = 0  # spans the stream's file could not take (a full disk), dropped
+        self._told_unwritable = False
 
     # ---- on and off --------------------------------------------------------------------------
 
@@ -176,19 +182,31 @@ class Session:
         rec = self.recorder
         if rec is None:
             return 0
-        with self.lock:
-            self._busy = True
-            try:
-                n = rec.flush(wait=wait)
-                self._sample_memory(rec)
-                if self.config.out_dir:
-                    self._append(rec)
-            finally:
-                self._busy = False
-            deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            self._on_signal(*deferred)
+        with self._critical():
+            n = rec.flush(wait=wait)
+            self._sample_memory(rec)
+            if self.config.out_dir:
+                self._append(rec)
         return n
+
+    @contextlib.contextmanager
+    def _critical(self) -> Iterator[list[bool]]:
+        """The session's lock, for a flush, save or reset of this thread. A signal caught inside
+        (in the main thread) is handled when the outermost one ends: the file is whole by then.
+        The block appends True to the list it is given once it has finished the trace (a save),
+        so that the signal's handler need not write it again."""
+        inside = self._inside
+        depth = getattr(inside, "depth", 0)
+        inside.depth = depth + 1
+        done: list[bool] = []
+        try:
+            with self.lock:
+                yield done
+        finally:
+            inside.depth = depth
+            if depth == 0 and self._deferred is not None and threading.current_thread() is threading.main_thread():
+                deferred, self._deferred = self._deferred, None
+                self._handle_signal(*deferred, write=not done)
 
     def _sample_memory(self, rec: Recorder) -> None:
         if rec.device is None:
@@ -276,6 +294,7 @@ class Session:
             "clock": self.clock_metadata(rec),
             "spans": self._spans_total(store) + unfinished,
             "spans_dropped": store.dropped,
+            "spans_unwritten": self.unwritten,
             "spans_unfinished": unfinished,
             "spans_skipped_in_cuda_graph_capture": rec.skipped_in_capture,
             "options": {k: v for k, v in vars(self.config).items()},
@@ -338,22 +357,63 @@ class Session:
     def _append(self, rec: Recorder, final: bool = False) -> None:
         """Append the resolved spans (and counters) to the stream; they then leave memory."""
         stream = self.stream if self.stream is not None and not self.stream.closed else None
-        if stream is None:
-            stream = self._open_stream(rec) if self.stream is None else self._resume(rec)
-        store = rec.store
+        if stream is None and self.stream is not None and not len(rec.store) and not len(self.counters):
+            if not self._header_changed(self.stream):
+                return  # a finished file and nothing new: left as it is (a second save is free)
+        if stream is None and self.stream is None:
+            stream = self._open_stream(rec)
+        elif stream is None:
+            try:
+                stream = self._resume(rec)
+            except (OSError, GputraceError) as e:
+                self._unwritable(rec, self.stream, e, len(rec.take_resolved()))
+                return
+        # The rows leave the recorder's store in one step: other threads go on resolving into it.
+        store = rec.take_resolved()
         trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
+        told = (getattr(stream, "syncs_written", 0), getattr(stream, "run_id", None))
         if self._header_changed(stream):
-            update = {"metadata": {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}}
-        for sink in self.sinks:
+            meta: dict[str, Any] = {"run_id": self.run_id, "clock_syncs": self._new_syncs(stream)}
+            if self.unwritten:
+                meta["spans_unwritten"] = self.unwritten
+            update = {"metadata": meta}
+        try:
+            self.sinks[0].add(trace, update)  # the stream: the others take what it has written
+        except OSError as e:
+            stream.syncs_written, stream.run_id = told  # the update goes with the next chunk written
+            self._unwritable(rec, stream, e, len(store))
+            return
+        stream.unwritten_told = self.unwritten
+        for sink in self.sinks[1:]:
             sink.add(trace, update)
-        stream.counts = (store.dropped, rec.skipped_in_capture)
-        store.clear()
+        stream.counts = (rec.store.dropped, rec.skipped_in_capture)
         self.counters = CounterColumns()
 
+    def _unwritable(self, rec: Recorder, stream: Any, error: BaseException, spans: int) -> None:
+        """The stream's file cannot take this flush's spans (the disk is full, the file past its
+        size limit): they are dropped and counted (`spans_unwritten`, in the header once the file
+        takes a write again, and at save), with one warning; memory stays flat. The file keeps
+        what it had: a write cut short is taken back (`AppendFile`)."""
+        self.unwritten += spans
+        self.counters = CounterColumns()
+        if not self._told_unwritable:
+            self._told_unwritable = True
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            warnings.warn(
+                f"gputrace cannot write {stream.path}: {reason}; the spans of each flush that cannot be written are "
+                "dropped and counted in the trace (spans_unwritten)",
+                GputraceWarning,
+                stacklevel=4,
+            )
+
     def _header_changed(self, stream: Any) -> bool:
-        return getattr(stream, "syncs_written", 0) != len(self.syncs) or getattr(stream, "run_id", None) != self.run_id
+        return (
+            getattr(stream, "syncs_written", 0) != len(self.syncs)
+            or getattr(stream, "run_id", None) != self.run_id
+            or getattr(stream, "unwritten_told", 0) != self.unwritten
+        )
 
     def _new_syncs(self, stream: Any) -> list[dict[str, Any]]:
         done = getattr(stream, "syncs_written", 0)
@@ -375,13 +435,23 @@ class Session:
         trace = self.rank_trace(rec, snapshot, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         trace.counters = CounterColumns()  # the last flush's chunk carried them
-        for sink in self.sinks:
-            sink.add(trace)
-        header = self._header(rec, rec.store, len(snapshot))
+        unfinished = len(snapshot)
+        try:
+            self.sinks[0].add(trace)
+        except OSError as e:
+            self._unwritable(rec, stream, e, unfinished)
+            unfinished = 0
+        else:
+            for sink in self.sinks[1:]:
+                sink.add(trace)
+        header = self._header(rec, rec.store, unfinished)
         header["metadata"]["spans"] = stream.spans_written
         header["metadata"]["overflow_tracks"] = stream.overflow_tracks()
-        for sink in self.sinks:
-            sink.finish(header)
+        try:
+            for sink in self.sinks:
+                sink.finish(header)
+        except OSError as e:  # the file as streamed stays, loadable
+            raise GputraceError(f"cannot finish {stream.path}: {e.strerror or e}") from None
         return str(stream.path)
 
     def _digest_written(self, path: str) -> None:
@@ -397,7 +467,7 @@ class Session:
             raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
         fmt = registry.for_path(target, format) if (format or not os.path.isdir(target)) else None
         is_file = registry.by_extension(target) is not None  # any registered extension: a file
-        with self.lock:
+        with self._critical() as done:
             self.flush(wait=True)
             if self.config.out_dir:  # streaming: the file is on disk already
                 streamed = self._finish_stream()
@@ -408,6 +478,7 @@ class Session:
                     target = os.path.join(target, os.path.basename(streamed))
                 if os.path.abspath(target) != os.path.abspath(streamed):
                     _convert(streamed, target, fmt or registry.for_path(target))
+                done.append(True)
                 return target
             if not is_file:
                 rank = rank_info(self.config.rank).rank
@@ -435,16 +506,19 @@ class Session:
             for sink in sinks:
                 sink.finish({"metadata": trace.metadata})
             self.saved = True
-            return target
+            return target  # not `done`: a signal's handler still finishes a stream, if any
 
     def snapshot(self, rec: Recorder) -> Trace:
         """Everything recorded and not yet streamed, open spans included (closed at this moment
         in a throwaway store, marked `unfinished`)."""
         rec.flush(wait=True)
         snapshot = rec.resolve_open()
-        trace = self.rank_trace(rec)
+        # Other threads may be resolving into the store (a full pending list resolves on any
+        # thread's span exit): their rows are copied in one step; alone, nothing can change it.
+        store = rec.resolved_copy() if threading.active_count() > 1 else rec.store
+        trace = self.rank_trace(rec, store)
         if len(snapshot):
-            meta = self.metadata(rec, rec.store, len(snapshot))
+            meta = self.metadata(rec, store, len(snapshot))
             trace.metadata.update(meta)
             trace.processes[0] = dataclasses.replace(trace.processes[0], metadata=trace.metadata)
             # The snapshot's rows join the store's columns in a copy (open spans are few); the
@@ -458,7 +532,7 @@ class Session:
     def reset(self) -> None:
         """Discard everything recorded so far and start a fresh trace (spans open now stay open
         and close into it). With an output directory, the rank's file starts again."""
-        with self.lock:
+        with self._critical():
             rec = self.recorder
             if rec is not None:
                 rec.discard()
@@ -469,6 +543,7 @@ class Session:
             self.counter_names = []
             self.counters = CounterColumns()
             self.saved = False
+            self.unwritten, self._told_unwritable = 0, False
             if self.clock is not None:
                 self.started_ns = self.clock.now()
 
@@ -551,12 +626,37 @@ class Session:
                 self._previous.pop(sig, None)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._busy:  # inside a flush of this thread: handled when it ends
+        rec = self.recorder
+        if getattr(self._inside, "depth", 0):  # inside a flush, save or reset: handled when it ends
             self._deferred = (signum, frame)
             return
+        if rec is not None and rec.busy_here():  # a resolve a span exit began: handled when it ends
+            self._deferred = (signum, frame)
+            rec.on_release(self._run_deferred)
+            return
+        self._handle_signal(signum, frame)
+
+    def _run_deferred(self) -> None:
+        """The signal deferred by `_on_signal` while the recorder was busy on this thread."""
+        if getattr(self._inside, "depth", 0):
+            return  # the session's own flush, save or reset handles it as it ends
+        if threading.current_thread() is not threading.main_thread():
+            rec = self.recorder  # another thread's flush ended first: the main thread's is next
+            if rec is not None and self._deferred is not None:
+                rec.on_release(self._run_deferred)
+            return
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._handle_signal(*deferred)
+
+    def _handle_signal(self, signum: int, frame: Any, write: bool = True) -> None:
+        """What a SIGTERM or SIGINT does: with `write`, finish the file (the program dies of
+        it) or flush (a handler of the program's own runs next); then the handler before ours."""
         previous = self._previous.get(signum, signal.SIG_DFL)
         try:
-            if previous == signal.SIG_DFL or previous is None:
+            if not write:
+                pass  # a save just finished the file
+            elif previous == signal.SIG_DFL or previous is None:
                 # The program dies of this signal: finish the file first.
                 self.save()
             else:
@@ -730,7 +830,7 @@ def trace() -> Trace:
     rec = SESSION.recorder
     if rec is None:
         raise GputraceError("nothing recorded: call gputrace.enable() (or set GPUTRACE=1) first")
-    with SESSION.lock:
+    with SESSION._critical():
         return SESSION.snapshot(rec)
 
 

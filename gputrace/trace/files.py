@@ -1,9 +1,10 @@
 """Trace files on disk: atomic writes, finding the files a user names, appending a rank's file.
 
 Takes: paths (files, directories, globs) and bytes to write. Gives: files that are either whole
-or untouched (`atomic_writer`), the list of trace files behind a user's arguments (`expand`; a
-directory's are its ranks' files of every registered format), and what both stream writers share
-(`AppendFile`). Which format a file is: `registry.py`.
+or untouched (`atomic_writer`), its temporary files named for their writer so that the next
+write into a folder removes those a dead process left (`temp_file`), the list of trace files
+behind a user's arguments (`expand`; a directory's are its ranks' files of every registered
+format), and what both stream writers share (`AppendFile`). Which format a file is: `registry.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -45,7 +48,7 @@ def atomic_writer(path: str, durable: bool = True, meanwhile: Callable[[], objec
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+        fd, tmp = temp_file(directory)
     except OSError as e:
         raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -65,6 +68,57 @@ def atomic_writer(path: str, durable: bool = True, meanwhile: Callable[[], objec
         if isinstance(e, OSError):
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+
+
+_TEMP_PREFIX, _TEMP_SUFFIX = ".gputrace-", ".tmp"
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "_"
+
+
+def temp_file(directory: str) -> tuple[int, str]:
+    """A new temporary file in `directory` (its descriptor and path), named for the process that
+    writes it, `.gputrace-{pid}@{host}@{random}.tmp`, so that a later writer can tell one a dead
+    process left (killed mid-save) and remove it: done here first (`remove_dead_temps`)."""
+    remove_dead_temps(directory)
+    return tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}@{_host()}@", suffix=_TEMP_SUFFIX, dir=directory)
+
+
+def remove_dead_temps(directory: str) -> list[str]:
+    """Remove the temporary files in `directory` that a process of this host, now dead, left
+    (a save killed part way: a trace's size each). A live process's, another host's (the folder
+    may be shared) and any not named by `temp_file` are left alone. Returns the paths removed."""
+    removed: list[str] = []
+    host = _host()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed  # nothing to read: nothing to clean, and the write says why it fails
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(_TEMP_PREFIX) and name.endswith(_TEMP_SUFFIX)):
+            continue
+        parts = name[len(_TEMP_PREFIX) : -len(_TEMP_SUFFIX)].split("@")
+        if len(parts) != 3 or parts[1] != host or not parts[0].isdigit() or _alive(int(parts[0])):
+            continue
+        with contextlib.suppress(OSError):  # another writer removed it first
+            os.unlink(entry.path)
+            removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host lives (a zombie counts: its parent has not seen it end)."""
+    if pid <= 0:
+        return True  # not a process id: leave its file alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
+    return True
 
 
 def _sync_while(fd: int, work: Callable[[], object]) -> None:
@@ -186,13 +240,24 @@ class AppendFile:
         self.header = header  # distributedInfo / metadata
         self.spans_written = 0
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        remove_dead_temps(os.path.dirname(os.path.abspath(path)))  # a killed run's save, before this one
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o666)
+        self._size = 0  # what the file holds of whole writes
 
     def _write(self, data: bytes) -> None:
-        write_all(self._fd, data)
+        """Append `data` whole, or raise OSError with the file as it was (a full disk can cut a
+        write short; later writes would then land after half an event)."""
+        try:
+            write_all(self._fd, data)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def _reopen(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size
 
     @property
     def closed(self) -> bool:

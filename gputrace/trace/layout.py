@@ -51,20 +51,90 @@ CUDA_TRACK = re.compile(r"^cuda:(\d+) ")
 
 def dumps(value: Any) -> bytes:
     """JSON bytes. Values JSON cannot hold (NaN, infinities, arbitrary objects, lone
-    surrogates) are written as their string form rather than failing the save."""
+    surrogates) are written as their string form rather than failing the save; a value that
+    cannot be written at all (one that contains itself, nests past `MAX_DEPTH`, or whose `repr`
+    raises) as a marked placeholder, `unserializable(value)`: one bad span argument never
+    costs the trace."""
     try:
         return orjson.dumps(value, default=repr)
-    except (TypeError, orjson.JSONEncodeError):
-        return orjson.dumps(_clean(value), default=repr)
+    except Exception:  # noqa: BLE001 - orjson re-raises whatever a repr raised; cleaned below
+        pass
+    try:
+        return orjson.dumps(_clean(value), default=safe_repr)
+    except Exception:  # noqa: BLE001 - an object orjson writes natively (a dataclass) that fails
+        pass
+    if isinstance(value, dict):  # the values that still fail alone become placeholders
+        return orjson.dumps({_clean_str(_safe_str(k)): _one(v) for k, v in list(value.items())})
+    return orjson.dumps(unserializable(value))
 
 
-def _clean(value: Any) -> Any:
+MAX_DEPTH = 64
+"""Containers nested deeper than this in a span argument are written as a placeholder."""
+
+
+def unserializable(value: Any) -> str:
+    """What is written for a value that cannot be: its type, marked."""
+    return f"<unserializable: {type(value).__name__}>"
+
+
+def safe_repr(value: Any) -> str:
+    """`repr(value)`, or the placeholder where that raises."""
+    try:
+        return _clean_str(repr(value))
+    except Exception:  # noqa: BLE001 - a user's __repr__ may raise anything
+        return unserializable(value)
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - as safe_repr
+        return unserializable(value)
+
+
+def _one(value: Any) -> Any:
+    try:
+        return orjson.loads(orjson.dumps(_clean(value), default=safe_repr))
+    except Exception:  # noqa: BLE001
+        return unserializable(value)
+
+
+def clean(value: Any) -> Any:
+    """`value` as plain JSON-like data every writer can take: containers as dicts and lists (one
+    that contains itself, or nests past `MAX_DEPTH`, as a placeholder), strings valid UTF-8,
+    non-finite floats and integers past 64 bits as strings, other objects as their `safe_repr`."""
+    cleaned = _clean(value)
+    return cleaned if not _other(cleaned) else _plain(cleaned)
+
+
+def _other(value: Any) -> bool:
+    return not (value is None or isinstance(value, (bool, int, float, str)))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value if not _other(value) else safe_repr(value)
+
+
+def _clean(value: Any, depth: int = 0, path: set[int] | None = None) -> Any:
     import math
 
-    if isinstance(value, dict):
-        return {_clean_str(str(k)): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+    if isinstance(value, (dict, list, tuple)):
+        path = set() if path is None else path
+        if depth >= MAX_DEPTH or id(value) in path:  # it contains itself, or nests too deep
+            return unserializable(value)
+        path.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return {_clean_str(_safe_str(k)): _clean(v, depth + 1, path) for k, v in list(value.items())}
+            return [_clean(v, depth + 1, path) for v in list(value)]
+        except Exception:  # noqa: BLE001 - changed while read (another thread), or worse
+            return unserializable(value)
+        finally:
+            path.discard(id(value))
     if isinstance(value, str):
         return _clean_str(value)
     if isinstance(value, float) and not math.isfinite(value):

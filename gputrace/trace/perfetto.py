@@ -46,7 +46,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import tempfile
 import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -63,11 +62,13 @@ from gputrace.trace.layout import (
     CUDA_TRACK,
     Layout,
     ProcessLayout,
+    clean,
     dumps,
     lane_name,
     nest_in_end_order,
     plan_write,
     process_facts,
+    safe_repr,
     update_header,
 )
 from gputrace.trace.model import Process, Trace, Track
@@ -124,7 +125,7 @@ def _write_in_pieces(trace: Trace, path: str, piece: int = 16384) -> None:
     base = rng[0] if rng else 0
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gputrace-", suffix=".tmp", dir=directory)
+    fd, tmp = files.temp_file(directory)
     os.close(fd)
     info = trace.metadata.get("world_size")
     process = trace.processes[0]
@@ -505,10 +506,11 @@ class _Encoder:
                 f += 1
                 a, cat = a if isinstance(a, tuple) else (a, None)
                 te = packets[j - lo].track_event
-                for key, value in (a or {}).items():
-                    d = te.debug_annotations.add()
-                    d.name_iid = key_iid[str(key)]
-                    _set_value(d, value)
+                try:
+                    _annotate(te, a, key_iid)
+                except Exception:  # noqa: BLE001 - a value that cannot be written: its placeholder
+                    del te.debug_annotations[:]
+                    _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
                 if cat is not None:
                     te.category_iids.append(cat_iid[cat])
             out.append(batch.SerializeToString())
@@ -547,6 +549,14 @@ class _Encoder:
             out.append(batch.SerializeToString())
 
 
+def _annotate(te: Any, args: dict[str, Any] | None, key_iid: dict[str, int]) -> None:
+    """A span's arguments as its debug annotations."""
+    for key, value in (args or {}).items():
+        d = te.debug_annotations.add()
+        d.name_iid = key_iid[str(key)]
+        _set_value(d, value)
+
+
 def _set_value(a: pb.DebugAnnotation, value: Any) -> None:
     """A JSON-like value as a debug annotation. None is an annotation without a value (Perfetto
     shows none; a JSON `null` would stop its importer), an empty container a nested value of that
@@ -577,7 +587,7 @@ def _set_value(a: pb.DebugAnnotation, value: Any) -> None:
         for v in value:
             _set_value(a.array_values.add(), v)
     elif value is not None:
-        a.string_value = _text(repr(value))
+        a.string_value = _text(safe_repr(value))
 
 
 # ---- streaming ----------------------------------------------------------------------------------
