@@ -27,8 +27,10 @@ Beyond what every format offers (see `registry.py`), `parse` gives a file's raw 
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import re
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -37,7 +39,7 @@ import orjson
 
 from gputrace import native
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
+from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, read_head, writes_behind
 from gputrace.trace.layout import (
     CUDA_TRACK,
     ProcessLayout,
@@ -81,11 +83,7 @@ def read_header(path: str, limit: int = 1 << 20) -> dict[str, Any]:
     """The top-level keys of a trace (baseTimeNanoseconds, distributedInfo, metadata) without
     parsing its events, when the file puts them first (gputrace's files do); else the whole
     file is parsed."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(limit)
-    except OSError:
-        head = b""
+    head = read_head(path, limit)
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         cut = stripped.find(b'"traceEvents":')
@@ -164,27 +162,48 @@ def _repair(path: str, body: bytes) -> Any:
     return header
 
 
+# What the repair scan steps over: a whole string (its braces are text), an opening or closing
+# bracket, or a quote that opens a string the cut left unfinished.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]|"')
+_REPAIR_TRIES = 8  # parses of the kept prefix before the file is given up on
+
+
 def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[Any]:
-    end = len(body)
-    tries = 0
-    while end > 1:
-        # Prefer line ends (gputrace's events are one per line), then any closing brace.
-        nl = body.rfind(b"}\n", 0, end)
-        brace = body.rfind(b"}", 0, end)
-        cut = nl if nl >= 0 and tries < 4 else brace
-        if cut < 0:
-            break
+    """The complete elements of an array cut off at any byte (`body` starts with `[`). Time is
+    linear in the file: the cut goes back to the last line end (gputrace's events are one per
+    line), else to the end of the last complete element, found by one scan of the file's strings
+    and brackets; only a few prefixes are ever parsed, whatever the cut-off event holds."""
+    nl = body.rfind(b"}\n")
+    if nl > 0:
         try:
-            events = orjson.loads(body[: cut + 1] + b"]")
+            events = orjson.loads(body[: nl + 1] + b"]")
             if isinstance(events, list):
                 return events
         except orjson.JSONDecodeError:
             pass
-        end = cut
-        tries += 1
-        if tries > 10_000:
-            break
-    if body.strip() in (b"[", b"[\n"):
+    # The ends of the last few top-level elements that are objects or arrays.
+    ends: collections.deque[int] = collections.deque(maxlen=_REPAIR_TRIES)
+    depth = 0
+    for m in _TOKENS.finditer(body):
+        c = m.group()
+        if c in (b"{", b"["):
+            depth += 1
+        elif c in (b"}", b"]"):
+            depth -= 1
+            if depth == 1:
+                ends.append(m.end())
+            elif depth < 1:
+                break  # the array's own end (then the file parsed, unless something else is wrong)
+        elif c == b'"':
+            break  # a string cut off: nothing after it is complete
+    for cut in reversed(ends):
+        try:
+            events = orjson.loads(body[:cut] + b"]")
+            if isinstance(events, list):
+                return events
+        except orjson.JSONDecodeError:
+            pass
+    if not ends and body.strip() == b"[":
         return []
     raise TraceFormatError(path, "cut off before its first complete event")
 
@@ -728,10 +747,9 @@ def complete_header(path: str) -> dict[str, Any] | None:
     file (the array form) carries later clock syncs and its run id in events after its first
     line."""
     try:
-        with open(path, "rb") as f:
-            first = f.read(4096).lstrip()[:1]
-    except OSError:
-        return None
+        first = read_head(path, 4096).lstrip()[:1]
+    except TraceFormatError:
+        return None  # reading the whole file says why
     return read_header(path) if first == b"{" else None
 
 

@@ -28,7 +28,7 @@ import orjson
 
 from gputrace.errors import TraceFormatError
 from gputrace.trace import layout
-from gputrace.trace.files import atomic_writer
+from gputrace.trace.files import atomic_writer, read_bytes, read_head
 from gputrace.trace.model import Process, SpanColumns, Trace, Track
 
 FORMAT = "gputrace-digest/1"
@@ -84,13 +84,7 @@ class RankDigest:
 
 
 def read(path: str) -> RankDigest:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise TraceFormatError(path, "no such file") from None
-    except OSError as e:
-        raise TraceFormatError(path, e.strerror or str(e)) from None
+    data = read_bytes(path)
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -184,9 +178,8 @@ def step_name_of(path: str) -> str | None:
     """The step name the digest at `path` was written with, read from the file's first bytes
     (None where it cannot be read there)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
+        head = read_head(path, 4096)
+    except TraceFormatError:
         return None
     m = re.search(rb'"step_name":("(?:[^"\\]|\\.)*")', head)
     return str(orjson.loads(m.group(1))) if m else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -161,16 +162,48 @@ def expand(paths: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
-def read_bytes(path: str) -> bytes:
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading in binary, when it is a regular file (through links); else a
+    `TraceFormatError` with the reason. Every reader opens its files here: a FIFO would block
+    the reader forever, and a device such as /dev/zero never ends."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        # O_NONBLOCK: opening a FIFO with no writer must not block; nothing is read before the check.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise TraceFormatError(path, "no such file") from None
     except IsADirectoryError:
         raise TraceFormatError(path, "is a directory, not a trace file") from None
     except OSError as e:
         raise TraceFormatError(path, e.strerror or str(e)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise TraceFormatError(
+                path, "is a directory, not a trace file" if stat.S_ISDIR(mode) else "not a regular file"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole of a regular file (see `open_regular`), or a `TraceFormatError`."""
+    with open_regular(path) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise TraceFormatError(path, e.strerror or str(e)) from None
+
+
+def read_head(path: str, limit: int) -> bytes:
+    """The first `limit` bytes of a regular file (see `open_regular`), or a `TraceFormatError`."""
+    with open_regular(path) as f:
+        try:
+            return f.read(limit)
+        except OSError as e:
+            raise TraceFormatError(path, e.strerror or str(e)) from None
 
 
 class AppendFile:

@@ -154,10 +154,11 @@ def detect(path: str, head: bytes | None = None) -> Format:
     """The format of an existing file, by its first bytes, else by its extension, else JSON
     (whose reader then says what is wrong with the file)."""
     if head is None:
+        from gputrace.trace.files import read_head  # files asks the registry for folders' globs
+
         try:
-            with open(path, "rb") as f:
-                head = f.read(64)
-        except OSError:
+            head = read_head(path, 64)
+        except TraceFormatError:  # the reader says why
             head = b""
     for fmt in _FORMATS.values():
         if head and fmt.recognise(head):
