@@ -219,6 +219,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             base = 0
         else:
             raise TraceFormatError(path, "baseTimeNanoseconds is not an integer")
+    if not INT64_MIN <= base <= INT64_MAX:
+        raise TraceFormatError(path, "baseTimeNanoseconds is out of range (a 64-bit integer of ns)")
     trace = Trace(dict(meta))
     trace.metadata["base_ns"] = base
     if header.get("_cut"):
@@ -234,24 +236,28 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     pid_rank: dict[Any, int] = {}
     foreign_pids: set[Any] = set()
     if merged:
-        for pid, r in (meta.get("pid_rank") or {}).items():
-            pid_rank[pid_key(pid)] = int(r)
-        foreign_pids = {pid_key(p) for p in meta.get("foreign_pids") or ()}
+        # Damaged tables are read as far as they make sense: a pid they do not place is foreign.
+        table = meta.get("pid_rank")
+        for pid, r in (table.items() if isinstance(table, dict) else ()):
+            if type(r) is int and r >= 0:
+                pid_rank[pid_key(pid)] = r
+        listed = meta.get("foreign_pids")
+        foreign_pids = {pid_key(p) for p in listed if isinstance(p, (int, str))} if isinstance(listed, list) else set()
     rank_meta: dict[str, Any] = meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
 
     proc_name: dict[Any, str] = {}
     proc_sort: dict[Any, int] = {}
     thread_name: dict[tuple[Any, Any], str] = {}
     for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M":
+        if isinstance(e, dict) and e.get("ph") == "M" and _ids(e):
             n = e.get("name")
             a: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
             if n == "process_name":
-                proc_name[e.get("pid")] = str(a.get("name", ""))
-            elif n == "process_sort_index" and isinstance(a.get("sort_index"), int):
+                proc_name[e.get("pid")] = _text(a.get("name", ""))
+            elif n == "process_sort_index" and type(a.get("sort_index")) is int:
                 proc_sort[e.get("pid")] = a["sort_index"]
             elif n == "thread_name":
-                thread_name[(e.get("pid"), e.get("tid"))] = str(a.get("name", ""))
+                thread_name[(e.get("pid"), e.get("tid"))] = _text(a.get("name", ""))
 
     proc_index: dict[Any, int] = {}
     track_index: dict[tuple[Any, Any], int] = {}
@@ -263,6 +269,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 rank = pid_rank.get(pid)
                 foreign = pid in foreign_pids or rank is None
                 pmeta = rank_meta.get(str(rank), {}) if rank is not None and not foreign else {}
+                pmeta = pmeta if isinstance(pmeta, dict) else {}
             else:
                 rank = file_rank
                 # In gputrace's own per-rank file the rank's process is pid rank + 1; every other
@@ -309,13 +316,21 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             continue
         ph = e.get("ph")
         if ph == "X":
-            try:
-                start = base + round(e["ts"] * 1000)
-                end = start + round(e.get("dur", 0) * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            # Types first: a list `ts` times 1000 is a list a thousand times longer.
+            ts = e.get("ts")
+            dur = e.get("dur", 0)
+            if (type(ts) is not int and type(ts) is not float) or (type(dur) is not int and type(dur) is not float):
                 continue  # validate reports it; readers skip what they cannot place
+            try:
+                start = base + round(ts * 1000)
+                end = start + round(dur * 1000)
+            except (ValueError, OverflowError):
+                continue
             cat = e.get("cat")
-            t = track_index.get((e.get("pid"), e.get("tid")))
+            try:
+                t = track_index.get((e.get("pid"), e.get("tid")))
+            except TypeError:
+                continue  # a list or object for a pid or tid: no thread to put it on
             if t is None:
                 t = track_of(e.get("pid"), e.get("tid"), cat)
             n = e.get("name", "")
@@ -333,9 +348,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             continue
         elif ph in ("B", "E"):
             key = (e.get("pid"), e.get("tid"))
-            try:
-                ts = base + round(e["ts"] * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            ts = _ns(base, e.get("ts"))
+            if ts is None or not _ids(e):
                 continue
             if ph == "B":
                 open_b.setdefault(key, []).append((str(e.get("name", "")), ts, e.get("args")))
@@ -343,15 +357,18 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 name, t0, a = open_b[key].pop()
                 spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
         elif ph == "C":
-            try:
-                ts = base + round(e["ts"] * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            ts = _ns(base, e.get("ts"))
+            if ts is None or not _ids(e):
                 continue
             cargs: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
             for series, value in cargs.items():
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
-                name = f"{e.get('name', '')} {series}"
+                try:
+                    value = float(value)
+                except OverflowError:
+                    continue  # an integer past what a double holds
+                name = f"{_text(e.get('name', ''))} {series}"
                 ck = (e.get("pid"), name)
                 t = counter_tracks.get(ck)
                 if t is None:
@@ -359,21 +376,27 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                     t = counter_tracks[ck] = trace.add_track(
                         Track(process_of(e.get("pid")), name, name, "counter", int(dev.group(1)) if dev else None)
                     )
-                trace.counters.append(t, ts, float(value))
+                trace.counters.append(t, ts, value)
         else:
             extra = dict(e)
-            try:
-                extra["ts_ns"] = base + round(extra.pop("ts") * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            ts = _ns(base, extra.pop("ts", None))
+            if ts is None or not _ids(e):
                 continue
+            extra["ts_ns"] = ts
             if "dur" in extra:
-                try:
-                    extra["dur_ns"] = round(extra.pop("dur") * 1000)
-                except (TypeError, ValueError, OverflowError):
-                    extra.pop("dur", None)
+                dur = _ns(0, extra.pop("dur"))
+                if dur is not None:
+                    extra["dur_ns"] = dur
             extra["process"] = process_of(extra.pop("pid", None))
             trace.extra.append(extra)
-    spans.extend(x_name, x_track, x_start, x_end, x_args, x_cat)
+    try:
+        x_starts, x_ends = array("q", x_start), array("q", x_end)
+    except OverflowError:  # times past 64 bits of ns: those spans cannot be placed
+        keep = [i for i, (s, e) in enumerate(zip(x_start, x_end)) if _in_range(s) and _in_range(e)]
+        x_name, x_track = [x_name[i] for i in keep], [x_track[i] for i in keep]
+        x_args, x_cat = [x_args[i] for i in keep], [x_cat[i] for i in keep]
+        x_starts, x_ends = array("q", [x_start[i] for i in keep]), array("q", [x_end[i] for i in keep])
+    spans.extend(x_name, x_track, x_starts, x_ends, x_args, x_cat)
     # Processes that only named themselves still exist (a rank that recorded nothing).
     for pid in proc_name:
         if pid not in proc_index and pid is not None:
@@ -381,6 +404,44 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     if own and not merged and file_rank is not None and not trace.processes:
         process_of(file_rank + 1)
     return trace
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _in_range(ns: int) -> bool:
+    return INT64_MIN <= ns <= INT64_MAX
+
+
+def _ns(base: int, us: Any) -> int | None:
+    """`base` plus a time in microseconds (`ts`, `dur`), as integer ns; None when it is not a
+    number, or not finite, or past 64 bits of ns."""
+    if type(us) is not int and type(us) is not float:
+        return None
+    try:
+        ns = base + round(us * 1000)
+    except (ValueError, OverflowError):
+        return None
+    return ns if _in_range(ns) else None
+
+
+def _ids(e: dict[str, Any]) -> bool:
+    """Are the event's pid and tid usable as ids (not lists or objects)?"""
+    try:
+        hash((e.get("pid"), e.get("tid")))
+    except TypeError:
+        return False
+    return True
+
+
+def _text(v: Any) -> str:
+    """A name as text: strings as they are, anything else (a number, a list) as its JSON."""
+    if type(v) is str:
+        return v
+    try:
+        return dumps(v).decode("utf-8", "replace")
+    except RecursionError:  # nested past what cleaning walks
+        return "?"
 
 
 # ---- writing ------------------------------------------------------------------------------------

@@ -706,15 +706,25 @@ class StreamWriter(AppendFile):
 # ---- reading ------------------------------------------------------------------------------------
 
 
+#: Compressed packets inflate to at most this many times the file's size, or INFLATE_MIN bytes,
+#: whichever is larger (gputrace's own files inflate about 10 times; zlib can reach 1000): a
+#: file past that is refused as a decompression bomb before it takes the machine's memory.
+INFLATE_FACTOR = 64
+INFLATE_MIN = 256 << 20
+#: Compressed packets inside compressed packets, at most (gputrace writes one level).
+MAX_NESTING = 4
+
+
 def read(path: str, data: bytes | None = None) -> Trace:
     """Parse a Perfetto protobuf trace into a `Trace`: gputrace's own files fully; of other
     tools' files, the process, thread and counter tracks, slices and counters. A file cut off
-    mid-write loses only its last, partial packet (and spans whose end was in it)."""
+    mid-write loses only its last, partial packet (and spans whose end was in it). Memory is
+    bounded by the file's size: see INFLATE_FACTOR."""
     if data is None:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path).build(_parse(path, data))
+    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_parse(path, data))
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -792,8 +802,9 @@ class _Seq:
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, inflate: int = INFLATE_MIN) -> None:
         self.path = path
+        self.inflate = inflate  # bytes that compressed packets may still inflate to
         self.header: dict[str, Any] = {}
         self.extra: list[dict[str, Any]] = []
         self.descriptors: dict[int, pb.TrackDescriptor] = {}  # uuid -> descriptor, in file order
@@ -808,7 +819,7 @@ class _Reader:
         # Spans still open at the end were cut off mid-write (their end never came): left out.
         return self._trace()
 
-    def _packets(self, packets: Any) -> None:
+    def _packets(self, packets: Any, depth: int = 0) -> None:
         seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
         for p in packets:
             sid = p.trusted_packet_sequence_id
@@ -868,11 +879,25 @@ class _Reader:
             elif kind == "chrome_events":
                 self._metadata(p.chrome_events)
             elif kind == "compressed_packets":
-                try:
-                    inner = pb.Trace.FromString(zlib.decompress(p.compressed_packets))
-                except (zlib.error, DecodeError):
-                    raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
-                self._packets(inner.packet)
+                if depth >= MAX_NESTING:
+                    raise TraceFormatError(self.path, f"compressed packets nested more than {MAX_NESTING} deep")
+                self._packets(self._inflate(p.compressed_packets).packet, depth + 1)
+
+    def _inflate(self, data: bytes) -> pb.Trace:
+        """Compressed packets, inflated within what is left of the file's allowance."""
+        z = zlib.decompressobj()
+        try:
+            raw = z.decompress(data, self.inflate + 1)
+            if len(raw) > self.inflate or z.unconsumed_tail:
+                raise TraceFormatError(
+                    self.path,
+                    f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
+                    "(a decompression bomb?)",
+                )
+            self.inflate -= len(raw)
+            return pb.Trace.FromString(raw)
+        except (zlib.error, DecodeError):
+            raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
 
     def _intern(self, st: _Seq, d: pb.InternedData) -> None:
         for e in d.event_names:
@@ -915,6 +940,8 @@ class _Reader:
         base = header.get("baseTimeNanoseconds", 0)
         if isinstance(base, bool) or not isinstance(base, int):
             raise TraceFormatError(self.path, "baseTimeNanoseconds is not an integer")
+        if not _in_range(base):
+            raise TraceFormatError(self.path, "baseTimeNanoseconds is out of range (a 64-bit integer of ns)")
         trace = Trace(dict(meta))
         trace.metadata["base_ns"] = base
         if "world_size" in info:
@@ -968,31 +995,38 @@ class _Reader:
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"track {uuid}"))
-            names, t0s, t1s, args, cats = zip(*lst)
+            try:
+                starts = array("q", [base + x[1] for x in lst])
+                ends = array("q", [base + x[2] for x in lst])
+            except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
+                lst = [x for x in lst if _in_range(base + x[1]) and _in_range(base + x[2])]
+                if not lst:
+                    continue
+                starts = array("q", [base + x[1] for x in lst])
+                ends = array("q", [base + x[2] for x in lst])
+            names, _, _, args, cats = zip(*lst)
             ids = {n: intern(n) for n in set(names)}
-            spans.extend(
-                [ids[n] for n in names],
-                [t] * len(lst),
-                [base + t0 for t0 in t0s],
-                [base + t1 for t1 in t1s],
-                args,
-                cats,
-            )
+            spans.extend([ids[n] for n in names], [t] * len(lst), starts, ends, args, cats)
         counters = trace.counters
         for uuid, samples in self.samples.items():
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"counter {uuid}", "counter"))
             for ts, v in samples:
-                counters.append(t, base + ts, v)
+                if _in_range(base + ts):
+                    counters.append(t, base + ts, v)
         for e in self.extra:
             e = dict(e)
             pid = e.pop("pid", None)
-            if not isinstance(e.get("ts_ns"), int) or not isinstance(pid, int):
+            if type(e.get("ts_ns")) is not int or not _in_range(e["ts_ns"]) or not isinstance(pid, int):
                 continue
             e["process"] = process_of(pid)
             trace.extra.append(e)
         return trace
+
+
+def _in_range(ns: int) -> bool:
+    return -(2**63) <= ns < 2**63
 
 
 def _key(st: _Seq, d: pb.DebugAnnotation) -> str:
@@ -1012,7 +1046,7 @@ def _value(d: pb.DebugAnnotation) -> Any:
     if kind == "legacy_json_value":
         try:
             return json.loads(d.legacy_json_value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes: its text
             return d.legacy_json_value
     return getattr(d, kind)
 
