@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import os
 import re
 from array import array
@@ -119,9 +120,11 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     cut = False
     try:
         parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = _repair(path, body)
-        cut = True
+    except orjson.JSONDecodeError as e:
+        parsed, body = _loads_odd(body, e)
+        if parsed is None:
+            parsed = _repair(path, body)
+            cut = True
     if isinstance(parsed, list):
         header: dict[str, Any] = {}
         events = parsed
@@ -139,6 +142,26 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     if cut:
         parsed["_cut"] = True
     return parsed, events
+
+
+def _loads_odd(body: bytes, e: orjson.JSONDecodeError) -> tuple[Any, bytes]:
+    """A whole file that orjson refuses for what is not a cut: a number past a double (orjson's
+    limit, not JSON's; Python's parser reads it), or bytes that are not UTF-8 (replaced). The
+    parsed file (None: it is cut, or broken) and the bytes parsed."""
+    if "infinity" in str(e):
+        try:
+            return json.loads(body), body
+        except (ValueError, RecursionError):
+            return None, body
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = body.decode("utf-8", "replace").encode("utf-8")
+        try:
+            return orjson.loads(body), body
+        except orjson.JSONDecodeError as again:
+            return _loads_odd(body, again) if "infinity" in str(again) else (None, body)
+    return None, body
 
 
 def _repair(path: str, body: bytes) -> Any:
@@ -238,7 +261,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     if merged:
         # Damaged tables are read as far as they make sense: a pid they do not place is foreign.
         table = meta.get("pid_rank")
-        for pid, r in (table.items() if isinstance(table, dict) else ()):
+        for pid, r in table.items() if isinstance(table, dict) else ():
             if type(r) is int and r >= 0:
                 pid_rank[pid_key(pid)] = r
         listed = meta.get("foreign_pids")

@@ -204,8 +204,7 @@ def _from_document(doc: dict[str, Any], path: str) -> RankDigest:
         raise ValueError("span columns of different lengths")
     sp = trace.spans
     if len(sp) and not (
-        0 <= min(sp.track) <= max(sp.track) < len(trace.tracks)
-        and 0 <= min(sp.name) <= max(sp.name) < len(trace.names)
+        0 <= min(sp.track) <= max(sp.track) < len(trace.tracks) and 0 <= min(sp.name) <= max(sp.name) < len(trace.names)
     ):
         raise ValueError("a span refers to a name or track that is not there")
     warm = doc.get("warmup") or {}

@@ -707,10 +707,10 @@ class StreamWriter(AppendFile):
 
 
 #: Compressed packets inflate to at most this many times the file's size, or INFLATE_MIN bytes,
-#: whichever is larger (gputrace's own files inflate about 10 times; zlib can reach 1000): a
+#: whichever is larger (gputrace's own files inflate up to about 50 times; zlib reaches 1000): a
 #: file past that is refused as a decompression bomb before it takes the machine's memory.
-INFLATE_FACTOR = 64
-INFLATE_MIN = 256 << 20
+INFLATE_FACTOR = 128
+INFLATE_MIN = 32 << 20
 #: Compressed packets inside compressed packets, at most (gputrace writes one level).
 MAX_NESTING = 4
 
