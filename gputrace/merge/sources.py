@@ -125,8 +125,7 @@ def check_merged(path: str, meta: Mapping[str, Any]) -> None:
     align = meta.get("alignment")
     per = align.get("per_rank") if isinstance(align, Mapping) else None
     if align is not None and not (
-        isinstance(align, Mapping)
-        and (per is None or (isinstance(per, Mapping) and all(_rank_key(k) for k in per)))
+        isinstance(align, Mapping) and (per is None or (isinstance(per, Mapping) and all(_rank_key(k) for k in per)))
     ):
         raise bad("alignment")
 

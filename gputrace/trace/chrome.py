@@ -120,8 +120,8 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     cut = False
     try:
         parsed = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        parsed, body = _loads_odd(body, e)
+    except orjson.JSONDecodeError as refused:
+        parsed, body = _loads_odd(body, refused)
         if parsed is None:
             parsed = _repair(path, body)
             cut = True
@@ -375,7 +375,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             if ts is None or not _ids(e):
                 continue
             if ph == "B":
-                open_b.setdefault(key, []).append((str(e.get("name", "")), ts, e.get("args")))
+                ba = e.get("args")
+                open_b.setdefault(key, []).append((_text(e.get("name", "")), ts, ba if type(ba) is dict else None))
             elif open_b.get(key):
                 name, t0, a = open_b[key].pop()
                 spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)

@@ -849,14 +849,14 @@ class _Reader:
                 uuid = te.track_uuid or st.track
                 t = te.type
                 if t == _BEGIN:
-                    name = st.names.get(te.name_iid, "") if te.name_iid else te.name
+                    name = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
                     a = cat = None
                     if te.debug_annotations:
                         a = {_key(st, d): _value(d) for d in te.debug_annotations}
                     if te.category_iids:
                         cat = ",".join(st.cats.get(i, "") for i in te.category_iids)
                     elif te.categories:
-                        cat = ",".join(te.categories)
+                        cat = ",".join(map(_str, te.categories))
                     stack = open_.get(uuid)
                     if stack is None:
                         stack = open_[uuid] = []
@@ -901,11 +901,11 @@ class _Reader:
 
     def _intern(self, st: _Seq, d: pb.InternedData) -> None:
         for e in d.event_names:
-            st.names[e.iid] = e.name
+            st.names[e.iid] = _str(e.name)
         for e in d.debug_annotation_names:
-            st.keys[e.iid] = e.name
+            st.keys[e.iid] = _str(e.name)
         for e in d.event_categories:
-            st.cats[e.iid] = e.name
+            st.cats[e.iid] = _str(e.name)
 
     def _clock(self, sid: int, st: _Seq, snap: pb.ClockSnapshot) -> None:
         trace_time = None
@@ -976,19 +976,21 @@ class _Reader:
         for uuid, d in self.descriptors.items():
             if d.HasField("process"):
                 pr = d.process
-                process_of(pr.pid, pr.process_name, pr.legacy_sort_index if pr.HasField("legacy_sort_index") else None)
+                sort = pr.legacy_sort_index if pr.HasField("legacy_sort_index") else None
+                process_of(pr.pid, _str(pr.process_name), sort)
         for uuid, d in self.descriptors.items():
             if d.HasField("thread"):
                 th = d.thread
-                name = th.thread_name or f"thread {th.tid}"
+                name = _str(th.thread_name) or f"thread {th.tid}"
                 m = CUDA_TRACK.match(name)
                 kind, device = ("cuda", int(m.group(1))) if m else ("cpu" if name.endswith("(host)") else "other", None)
                 track_of[uuid] = trace.add_track(Track(process_of(th.pid), th.tid, name, kind, device, th.tid))
             elif d.HasField("counter") or uuid in self.samples:
                 parent = self.descriptors.get(d.parent_uuid)
                 pid = parent.process.pid if parent is not None and parent.HasField("process") else 0
-                m = CUDA_TRACK.match(d.name)
-                track = Track(process_of(pid), d.name, d.name, "counter", int(m.group(1)) if m else None)
+                name = _str(d.name)
+                m = CUDA_TRACK.match(name)
+                track = Track(process_of(pid), name, name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
         for uuid, lst in self.spans.items():
@@ -1025,38 +1027,46 @@ class _Reader:
         return trace
 
 
+def _str(v: str | bytes) -> str:
+    """A string field as text: protobuf gives the bytes of one that is not UTF-8."""
+    return v if isinstance(v, str) else v.decode("utf-8", "replace")
+
+
 def _in_range(ns: int) -> bool:
     return -(2**63) <= ns < 2**63
 
 
 def _key(st: _Seq, d: pb.DebugAnnotation) -> str:
-    return st.keys.get(d.name_iid, "") if d.name_iid else d.name
+    return st.keys.get(d.name_iid, "") if d.name_iid else _str(d.name)
 
 
 def _value(d: pb.DebugAnnotation) -> Any:
     kind = d.WhichOneof("value")
     if kind is None:
         if len(d.dict_entries):
-            return {e.name: _value(e) for e in d.dict_entries}
+            return {_str(e.name): _value(e) for e in d.dict_entries}
         if len(d.array_values):
             return [_value(v) for v in d.array_values]
         return None
     if kind == "nested_value":
         return _nested(d.nested_value)
     if kind == "legacy_json_value":
+        text = _str(d.legacy_json_value)
         try:
-            return json.loads(d.legacy_json_value)
+            return json.loads(text)
         except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes: its text
-            return d.legacy_json_value
-    return getattr(d, kind)
+            return text
+    value = getattr(d, kind)
+    return _str(value) if type(value) is bytes and kind != "bytes_value" else value
 
 
 def _nested(n: pb.DebugAnnotation.NestedValue) -> Any:
     if n.nested_type == pb.DebugAnnotation.NestedValue.DICT:
-        return {k: _nested(v) for k, v in zip(n.dict_keys, n.dict_values)}
+        return {_str(k): _nested(v) for k, v in zip(n.dict_keys, n.dict_values)}
     if n.nested_type == pb.DebugAnnotation.NestedValue.ARRAY:
         return [_nested(v) for v in n.array_values]
     for kind in ("bool_value", "int_value", "double_value", "string_value"):
         if n.HasField(kind):
-            return getattr(n, kind)
+            value = getattr(n, kind)
+            return _str(value) if type(value) is bytes else value
     return None
