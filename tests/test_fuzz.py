@@ -88,6 +88,9 @@ def rank_trace(rank: int, world: int = 2) -> Trace:
         t.add_span("fwd", gpu, s, s + 5_000_000)
         t.add_span("all_reduce", gpu, s + 6_000_000, s + 8_000_000, {"collective": True, "bytes": 1 << 20})
         t.add_span("host work", host, s, s + 1_000_000, {"nested": {"a": [1, 2.5, "x"]}})
+    # Another tool's events carried through (an instant, a flow): JSON events, protobuf metadata.
+    t.extra.append({"ph": "i", "name": "mark", "tid": 2, "s": "t", "ts_ns": BASE + 5_000, "process": p})
+    t.extra.append({"ph": "X", "name": "other", "tid": 2, "ts_ns": BASE + 6_000, "dur_ns": 1_000, "process": p})
     memory = t.add_track(Track(p, "cuda:0 memory allocated", "cuda:0 memory allocated", "counter", 0))
     for k in range(4):
         t.counters.append(memory, BASE + k * 10_000_000, float(k << 20))

@@ -229,6 +229,7 @@ def test_odd_ids_and_times_are_skipped_event_by_event(tmp_path: Path) -> None:
             {"ph": "C", "name": "c", "pid": 1, "ts": 2**70, "args": {"v": 1}},
             {"ph": "C", "name": "c", "pid": 1, "ts": 1, "args": {"v": 10**400}},
             {"ph": "i", "name": "i", "pid": 1, "tid": 1, "ts": 2**70},
+            {"ph": "i", "name": "i", "pid": 1, "tid": 1, "ts": 1, "dur_ns": [0], "ts_ns": {}},
             x_event("1" * 5000),
             x_event(3, name="kept"),
         ],
@@ -468,3 +469,25 @@ def test_a_digest_is_taken_only_for_the_trace_it_was_written_for(tmp_path: Path)
         (copy / f.name).write_bytes(f.read_bytes())
     s = summary.summary_of_files([str(copy)])
     assert "had no digest" not in s.notes[0] and "digests" in s.notes[0]
+
+
+def test_another_tools_events_with_odd_times_in_protobuf_are_merged_without_them(tmp_path: Path) -> None:
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    from gputrace.trace import perfetto
+
+    path = tmp_path / "trace_rank0.pftrace"
+    perfetto.write(rank_trace(), str(path))
+    extra = [
+        {"ph": "i", "name": "dur a list", "pid": 1, "tid": 1, "ts_ns": BASE, "dur_ns": [0, 0]},
+        {"ph": "i", "name": "ts past 64 bits", "pid": 1, "tid": 1, "ts_ns": 2**64 - 1},
+        {"ph": "i", "name": "kept", "pid": 1, "tid": 1, "ts_ns": BASE + 5},
+    ]
+    bundle = pb.ChromeEventBundle(metadata=[{"name": "gputrace_extra", "json_value": json.dumps(extra)}])
+    with open(path, "ab") as f:
+        f.write(pb.Trace(packet=[pb.TracePacket(chrome_events=bundle)]).SerializeToString())
+    names = {e["name"] for e in registry.read(str(path)).extra}
+    assert names == {"dur a list", "kept"}
+    out = tmp_path / "merged.json"
+    merge.merge([str(path)], str(out))
+    assert validate_file(str(out)).ok

@@ -403,6 +403,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 trace.counters.append(t, ts, value)
         else:
             extra = dict(e)
+            extra.pop("dur_ns", None)  # the model's own keys: a file's are not taken for them
             ts = _ns(base, extra.pop("ts", None))
             if ts is None or not _ids(e):
                 continue

@@ -1022,6 +1022,8 @@ class _Reader:
             pid = e.pop("pid", None)
             if type(e.get("ts_ns")) is not int or not _in_range(e["ts_ns"]) or not isinstance(pid, int):
                 continue
+            if "dur_ns" in e and (type(e["dur_ns"]) is not int or not _in_range(e["dur_ns"])):
+                del e["dur_ns"]
             e["process"] = process_of(pid)
             trace.extra.append(e)
         return trace
