@@ -491,3 +491,9 @@ def test_another_tools_events_with_odd_times_in_protobuf_are_merged_without_them
     out = tmp_path / "merged.json"
     merge.merge([str(path)], str(out))
     assert validate_file(str(out)).ok
+
+
+def test_the_digest_files_histograms_are_the_digests() -> None:
+    from gputrace.trace import digestfile
+
+    assert digestfile.HIST_BUCKETS == len(digest._BOUND) - 1  # the buckets a digest reader accepts

@@ -39,6 +39,9 @@ FORMAT = "gputrace-digest/1"
 COLL = 1  # the span has a `collective` argument
 COLL_TRUE = 2  # ... and it is true
 UNFINISHED = 4  # the span was open when the trace was written
+#: Histogram buckets of this format: `digest.HIST_PER_OCTAVE` (16) a factor of two, to 2^62 ns
+#: (bucket -1 holds 0).
+HIST_BUCKETS = 62 * 16
 _DIGEST_NAME = re.compile(r"^digest_rank(\d+)\.digest$|\.digest$")
 #: A rank's trace file by its name: group 1 is the rank.
 TRACE_NAME = re.compile(r"^trace_rank(\d+)\.")
@@ -180,12 +183,9 @@ def _from_document(doc: dict[str, Any], path: str) -> RankDigest:
     _ints(st, "max_track", m, 0, max(len(trace.tracks) - 1, 0))
     if not isinstance(st["hist"], list) or len(st["hist"]) != m:
         raise ValueError("hist is not a list of one histogram per name")
-    from gputrace.digest import HIST_PER_OCTAVE  # the digest's maker imports this module
-
-    last = 62 * HIST_PER_OCTAVE - 1  # its histograms reach 2^62 ns
     for h in st["hist"]:
         _ints({"hist": h}, "hist", None, -1)
-        if len(h) % 2 or any(b > last for b in h[0::2]):
+        if len(h) % 2 or any(b >= HIST_BUCKETS for b in h[0::2]):
             raise ValueError("a histogram of odd length, or with a bucket past the last")
     if any(x + base != max(min(x + base, 2**63 - 1), -(2**63)) for x in st["max_start"]):
         raise ValueError("max_start is out of range")
