@@ -320,7 +320,7 @@ def merge(
 def validate(paths: tuple[str, ...]) -> None:
     """Check traces (gputrace's or another tool's, JSON or protobuf) against the rules Perfetto's
     importer applies; exit 1 if any has errors."""
-    from gputrace.trace.files import expand
+    from gputrace.trace.registry import expand
     from gputrace.validate import format_report, validate_file
 
     bad = 0
@@ -355,7 +355,8 @@ def view(
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline."""
-    from gputrace.trace.files import expand, write_atomic
+    from gputrace.trace.files import write_atomic
+    from gputrace.trace.registry import expand
     from gputrace.viewer import data, report, server
 
     ui = None if export else server.resolve_ui(perfetto_ui)

@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gputrace import stats
 from gputrace.digest import HIST_ERROR, WARMUP_STEPS, from_trace, hist_middle
-from gputrace.errors import GputraceError, TraceFormatError
+from gputrace.errors import GputraceError, GputraceWarning, TraceFormatError
 from gputrace.trace import digestfile, registry
 from gputrace.trace.digestfile import (
     TRACE_NAME,
+    DamagedDigest,
     RankDigest,
     digest_path,
     fresh,
@@ -111,7 +113,10 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
         if t in inputs.digests:
             try:
                 d = read(inputs.digests[t])
-            except TraceFormatError:  # cut short or damaged (digests are not fsynced): its trace has it all
+            except DamagedDigest as e:  # whole, but wrong inside: not what a crash leaves, so say so
+                warnings.warn(f"{e}: read its trace instead", GputraceWarning, stacklevel=2)
+                d = None
+            except TraceFormatError:  # cut short (digests are not fsynced): its trace has it all
                 d = None
             if d is not None and (not fresh(d, t) or d.step_name != step_name):
                 d = None

@@ -115,7 +115,7 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
             continue
         if ph == "M":
             if e.get("name") == "process_name":
-                named_pids.add(e.get("pid"))
+                named_pids.add(_key(e.get("pid")))
             continue
         where = f"event {i} ({e.get('name')!r})"
         pid = _id(e.get("pid"))
@@ -164,7 +164,7 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
                 warnings.append(f"{where}: pid 0 is the kernel's swapper in Perfetto; gputrace uses rank + 1")
             elif tid == pid:
                 main_threads.add(pid)
-        pids.add(e.get("pid"))
+        pids.add(_key(e.get("pid")))
         by_thread.setdefault((pid, tid), []).append((ts, ts + dur, i))
     if own:
         for pid in sorted(pids - named_pids, key=repr):
@@ -232,14 +232,23 @@ def _to_ns(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v * 1000
+        return v * 1000 if -(2**63) <= v < 2**63 else None  # Perfetto reads 64-bit integers only
     if isinstance(v, float):
         if not math.isfinite(v):
             return None
         return int(v) * 1000 if v == math.trunc(v) else _llround(v * 1000)
-    if isinstance(v, str) and _JSON_NUMBER.fullmatch(v):
+    if isinstance(v, str) and len(v) <= 400 and _JSON_NUMBER.fullmatch(v):  # longer: past any double
         return _to_ns(float(v) if any(c in v for c in ".eE") else int(v))
     return None
+
+
+def _key(v: Any) -> Any:
+    """A pid as a set member: a list or object (which Perfetto reads as 0) by its text."""
+    try:
+        hash(v)
+    except TypeError:
+        return ("unhashable", type(v).__name__)
+    return v
 
 
 def _id(v: Any) -> tuple[str, Any] | None:

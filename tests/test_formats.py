@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import gputrace
-from gputrace.trace import files, registry
+from gputrace.trace import registry
 from gputrace.validate import format_report, validate_file
 
 from . import toy_format
@@ -112,7 +112,7 @@ def test_a_toy_format_is_saved_read_and_validated_as_the_json_of_the_same_record
     assert report.ok and report.spans == 9 and report.tracks == 1, format_report(report)
     # A folder and the format's name: the rank's file with the format's extension.
     assert gputrace.save(str(tmp_path / "d"), format="toy") == str(tmp_path / "d" / "trace_rank0.toy")
-    assert files.expand([str(tmp_path / "d")]) == [str(tmp_path / "d" / "trace_rank0.toy")]
+    assert registry.expand([str(tmp_path / "d")]) == [str(tmp_path / "d" / "trace_rank0.toy")]
 
 
 def test_a_toy_format_streams_to_the_output_directory(tmp_path: Path, toy: registry.Format) -> None:
@@ -129,7 +129,7 @@ def test_a_toy_format_streams_to_the_output_directory(tmp_path: Path, toy: regis
     assert got.metadata["spans"] == 9 and got.metadata["run_id"]
     report = validate_file(path)
     assert report.ok and report.spans == 9, format_report(report)
-    assert files.expand([str(tmp_path)]) == [path]
+    assert registry.expand([str(tmp_path)]) == [path]
 
 
 def test_a_bad_format_name_is_refused_where_it_is_given(tmp_path: Path, toy: registry.Format) -> None:

@@ -36,7 +36,7 @@ from gputrace.merge.place import (
 from gputrace.merge.run import Progress, groups, load, merge, read_source
 from gputrace.merge.select import EPOCH_MIN_NS, Selection, parse_ranks, parse_steps, parse_window
 from gputrace.merge.sources import Plan, Source, describe, describe_header, describe_trace, plan, read_trace
-from gputrace.trace.files import expand
+from gputrace.trace.registry import expand
 
 __all__ = [
     "load",

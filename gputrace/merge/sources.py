@@ -24,8 +24,8 @@ from typing import Any, cast
 from gputrace.errors import MergeError, TraceFormatError
 from gputrace.merge.select import format_ranks
 from gputrace.trace import registry
-from gputrace.trace.files import expand
 from gputrace.trace.model import Trace
+from gputrace.trace.registry import expand
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)")
 
@@ -99,6 +99,40 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _rank_key(k: Any) -> bool:
+    return (type(k) is int and k >= 0) or (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 19)
+
+
+def check_merged(path: str, meta: Mapping[str, Any]) -> None:
+    """A merged file's own fields (`pid_rank`, `rank_metadata`, `ranks`, `foreign_pids`,
+    `alignment.per_rank`) as merge writes them, else a `TraceFormatError` that says which is
+    damaged: merge places ranks by them."""
+
+    def bad(what: str) -> TraceFormatError:
+        return TraceFormatError(path, f"a merged trace whose metadata.{what} is damaged")
+
+    table = meta.get("pid_rank")
+    if table is not None and not (
+        isinstance(table, Mapping) and all(v is None or (type(v) is int and v >= 0) for v in table.values())
+    ):
+        raise bad("pid_rank")
+    rank_meta = meta.get("rank_metadata")
+    if rank_meta is not None and not (isinstance(rank_meta, Mapping) and all(_rank_key(k) for k in rank_meta)):
+        raise bad("rank_metadata")
+    ranks = meta.get("ranks")
+    if ranks is not None and not (isinstance(ranks, list) and all(_rank_key(r) for r in ranks)):
+        raise bad("ranks")
+    foreign = meta.get("foreign_pids")
+    if foreign is not None and not (isinstance(foreign, list) and all(isinstance(p, (int, str)) for p in foreign)):
+        raise bad("foreign_pids")
+    align = meta.get("alignment")
+    per = align.get("per_rank") if isinstance(align, Mapping) else None
+    if align is not None and not (
+        isinstance(align, Mapping) and (per is None or (isinstance(per, Mapping) and all(_rank_key(k) for k in per)))
+    ):
+        raise bad("alignment")
+
+
 def describe_header(path: str, header: Mapping[str, Any], rank_from_filename: bool = False) -> Source | None:
     """A gputrace file described from its header alone (None when the header is not enough:
     another tool's trace, whose processes and times are known only from its events)."""
@@ -107,6 +141,7 @@ def describe_header(path: str, header: Mapping[str, Any], rank_from_filename: bo
     base = _int(header.get("baseTimeNanoseconds"))
     world = _int(info.get("world_size", meta.get("world_size")))
     if meta.get("merged"):
+        check_merged(path, meta)
         pid_rank = {str(k): _int(v) for k, v in (meta.get("pid_rank") or {}).items()}
         rank_meta = {int(k): v for k, v in (meta.get("rank_metadata") or {}).items() if isinstance(v, Mapping)}
         ranks = sorted(int(r) for r in meta.get("ranks") or rank_meta)
@@ -134,6 +169,7 @@ def describe_trace(path: str, trace: Trace, rank_from_filename: bool = False) ->
     first = rng[0] if rng else None
     base = _int(meta.get("base_ns")) or None
     if meta.get("merged"):
+        check_merged(path, meta)
         ranks_of = merged_ranks(trace)
         rank_meta = {
             r: q.metadata for q, (r, foreign) in zip(trace.processes, ranks_of) if r is not None and not foreign

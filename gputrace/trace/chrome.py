@@ -27,8 +27,11 @@ Beyond what every format offers (see `registry.py`), `parse` gives a file's raw 
 
 from __future__ import annotations
 
+import collections
 import functools
+import json
 import os
+import re
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -37,7 +40,7 @@ import orjson
 
 from gputrace import native
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, writes_behind
+from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, read_head, writes_behind
 from gputrace.trace.layout import (
     CUDA_TRACK,
     ProcessLayout,
@@ -81,11 +84,7 @@ def read_header(path: str, limit: int = 1 << 20) -> dict[str, Any]:
     """The top-level keys of a trace (baseTimeNanoseconds, distributedInfo, metadata) without
     parsing its events, when the file puts them first (gputrace's files do); else the whole
     file is parsed."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(limit)
-    except OSError:
-        head = b""
+    head = read_head(path, limit)
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         cut = stripped.find(b'"traceEvents":')
@@ -121,9 +120,11 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     cut = False
     try:
         parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = _repair(path, body)
-        cut = True
+    except orjson.JSONDecodeError as refused:
+        parsed, body = _loads_odd(body, refused)
+        if parsed is None:
+            parsed = _repair(path, body)
+            cut = True
     if isinstance(parsed, list):
         header: dict[str, Any] = {}
         events = parsed
@@ -141,6 +142,26 @@ def parse(path: str, data: bytes) -> tuple[dict[str, Any], list[Any]]:
     if cut:
         parsed["_cut"] = True
     return parsed, events
+
+
+def _loads_odd(body: bytes, e: orjson.JSONDecodeError) -> tuple[Any, bytes]:
+    """A whole file that orjson refuses for what is not a cut: a number past a double (orjson's
+    limit, not JSON's; Python's parser reads it), or bytes that are not UTF-8 (replaced). The
+    parsed file (None: it is cut, or broken) and the bytes parsed."""
+    if "infinity" in str(e):
+        try:
+            return json.loads(body), body
+        except (ValueError, RecursionError):
+            return None, body
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = body.decode("utf-8", "replace").encode("utf-8")
+        try:
+            return orjson.loads(body), body
+        except orjson.JSONDecodeError as again:
+            return _loads_odd(body, again) if "infinity" in str(again) else (None, body)
+    return None, body
 
 
 def _repair(path: str, body: bytes) -> Any:
@@ -164,27 +185,48 @@ def _repair(path: str, body: bytes) -> Any:
     return header
 
 
+# What the repair scan steps over: a whole string (its braces are text), an opening or closing
+# bracket, or a quote that opens a string the cut left unfinished.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]|"')
+_REPAIR_TRIES = 8  # parses of the kept prefix before the file is given up on
+
+
 def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[Any]:
-    end = len(body)
-    tries = 0
-    while end > 1:
-        # Prefer line ends (gputrace's events are one per line), then any closing brace.
-        nl = body.rfind(b"}\n", 0, end)
-        brace = body.rfind(b"}", 0, end)
-        cut = nl if nl >= 0 and tries < 4 else brace
-        if cut < 0:
-            break
+    """The complete elements of an array cut off at any byte (`body` starts with `[`). Time is
+    linear in the file: the cut goes back to the last line end (gputrace's events are one per
+    line), else to the end of the last complete element, found by one scan of the file's strings
+    and brackets; only a few prefixes are ever parsed, whatever the cut-off event holds."""
+    nl = body.rfind(b"}\n")
+    if nl > 0:
         try:
-            events = orjson.loads(body[: cut + 1] + b"]")
+            events = orjson.loads(body[: nl + 1] + b"]")
             if isinstance(events, list):
                 return events
         except orjson.JSONDecodeError:
             pass
-        end = cut
-        tries += 1
-        if tries > 10_000:
-            break
-    if body.strip() in (b"[", b"[\n"):
+    # The ends of the last few top-level elements that are objects or arrays.
+    ends: collections.deque[int] = collections.deque(maxlen=_REPAIR_TRIES)
+    depth = 0
+    for m in _TOKENS.finditer(body):
+        c = m.group()
+        if c in (b"{", b"["):
+            depth += 1
+        elif c in (b"}", b"]"):
+            depth -= 1
+            if depth == 1:
+                ends.append(m.end())
+            elif depth < 1:
+                break  # the array's own end (then the file parsed, unless something else is wrong)
+        elif c == b'"':
+            break  # a string cut off: nothing after it is complete
+    for cut in reversed(ends):
+        try:
+            events = orjson.loads(body[:cut] + b"]")
+            if isinstance(events, list):
+                return events
+        except orjson.JSONDecodeError:
+            pass
+    if not ends and body.strip() == b"[":
         return []
     raise TraceFormatError(path, "cut off before its first complete event")
 
@@ -200,6 +242,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             base = 0
         else:
             raise TraceFormatError(path, "baseTimeNanoseconds is not an integer")
+    if not INT64_MIN <= base <= INT64_MAX:
+        raise TraceFormatError(path, "baseTimeNanoseconds is out of range (a 64-bit integer of ns)")
     trace = Trace(dict(meta))
     trace.metadata["base_ns"] = base
     if header.get("_cut"):
@@ -215,24 +259,28 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     pid_rank: dict[Any, int] = {}
     foreign_pids: set[Any] = set()
     if merged:
-        for pid, r in (meta.get("pid_rank") or {}).items():
-            pid_rank[pid_key(pid)] = int(r)
-        foreign_pids = {pid_key(p) for p in meta.get("foreign_pids") or ()}
+        # Damaged tables are read as far as they make sense: a pid they do not place is foreign.
+        table = meta.get("pid_rank")
+        for pid, r in table.items() if isinstance(table, dict) else ():
+            if type(r) is int and r >= 0:
+                pid_rank[pid_key(pid)] = r
+        listed = meta.get("foreign_pids")
+        foreign_pids = {pid_key(p) for p in listed if isinstance(p, (int, str))} if isinstance(listed, list) else set()
     rank_meta: dict[str, Any] = meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
 
     proc_name: dict[Any, str] = {}
     proc_sort: dict[Any, int] = {}
     thread_name: dict[tuple[Any, Any], str] = {}
     for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M":
+        if isinstance(e, dict) and e.get("ph") == "M" and _ids(e):
             n = e.get("name")
             a: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
             if n == "process_name":
-                proc_name[e.get("pid")] = str(a.get("name", ""))
-            elif n == "process_sort_index" and isinstance(a.get("sort_index"), int):
+                proc_name[e.get("pid")] = _text(a.get("name", ""))
+            elif n == "process_sort_index" and type(a.get("sort_index")) is int:
                 proc_sort[e.get("pid")] = a["sort_index"]
             elif n == "thread_name":
-                thread_name[(e.get("pid"), e.get("tid"))] = str(a.get("name", ""))
+                thread_name[(e.get("pid"), e.get("tid"))] = _text(a.get("name", ""))
 
     proc_index: dict[Any, int] = {}
     track_index: dict[tuple[Any, Any], int] = {}
@@ -244,6 +292,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                 rank = pid_rank.get(pid)
                 foreign = pid in foreign_pids or rank is None
                 pmeta = rank_meta.get(str(rank), {}) if rank is not None and not foreign else {}
+                pmeta = pmeta if isinstance(pmeta, dict) else {}
             else:
                 rank = file_rank
                 # In gputrace's own per-rank file the rank's process is pid rank + 1; every other
@@ -290,13 +339,21 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             continue
         ph = e.get("ph")
         if ph == "X":
-            try:
-                start = base + round(e["ts"] * 1000)
-                end = start + round(e.get("dur", 0) * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            # Types first: a list `ts` times 1000 is a list a thousand times longer.
+            ts = e.get("ts")
+            dur = e.get("dur", 0)
+            if (type(ts) is not int and type(ts) is not float) or (type(dur) is not int and type(dur) is not float):
                 continue  # validate reports it; readers skip what they cannot place
+            try:
+                start = base + round(ts * 1000)
+                end = start + round(dur * 1000)
+            except (ValueError, OverflowError):
+                continue
             cat = e.get("cat")
-            t = track_index.get((e.get("pid"), e.get("tid")))
+            try:
+                t = track_index.get((e.get("pid"), e.get("tid")))
+            except TypeError:
+                continue  # a list or object for a pid or tid: no thread to put it on
             if t is None:
                 t = track_of(e.get("pid"), e.get("tid"), cat)
             n = e.get("name", "")
@@ -314,25 +371,28 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             continue
         elif ph in ("B", "E"):
             key = (e.get("pid"), e.get("tid"))
-            try:
-                ts = base + round(e["ts"] * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            ts = _ns(base, e.get("ts"))
+            if ts is None or not _ids(e):
                 continue
             if ph == "B":
-                open_b.setdefault(key, []).append((str(e.get("name", "")), ts, e.get("args")))
+                ba = e.get("args")
+                open_b.setdefault(key, []).append((_text(e.get("name", "")), ts, ba if type(ba) is dict else None))
             elif open_b.get(key):
                 name, t0, a = open_b[key].pop()
                 spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
         elif ph == "C":
-            try:
-                ts = base + round(e["ts"] * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            ts = _ns(base, e.get("ts"))
+            if ts is None or not _ids(e):
                 continue
             cargs: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
             for series, value in cargs.items():
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
-                name = f"{e.get('name', '')} {series}"
+                try:
+                    value = float(value)
+                except OverflowError:
+                    continue  # an integer past what a double holds
+                name = f"{_text(e.get('name', ''))} {series}"
                 ck = (e.get("pid"), name)
                 t = counter_tracks.get(ck)
                 if t is None:
@@ -340,21 +400,28 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                     t = counter_tracks[ck] = trace.add_track(
                         Track(process_of(e.get("pid")), name, name, "counter", int(dev.group(1)) if dev else None)
                     )
-                trace.counters.append(t, ts, float(value))
+                trace.counters.append(t, ts, value)
         else:
             extra = dict(e)
-            try:
-                extra["ts_ns"] = base + round(extra.pop("ts") * 1000)
-            except (KeyError, TypeError, ValueError, OverflowError):
+            extra.pop("dur_ns", None)  # the model's own keys: a file's are not taken for them
+            ts = _ns(base, extra.pop("ts", None))
+            if ts is None or not _ids(e):
                 continue
+            extra["ts_ns"] = ts
             if "dur" in extra:
-                try:
-                    extra["dur_ns"] = round(extra.pop("dur") * 1000)
-                except (TypeError, ValueError, OverflowError):
-                    extra.pop("dur", None)
+                dur = _ns(0, extra.pop("dur"))
+                if dur is not None:
+                    extra["dur_ns"] = dur
             extra["process"] = process_of(extra.pop("pid", None))
             trace.extra.append(extra)
-    spans.extend(x_name, x_track, x_start, x_end, x_args, x_cat)
+    try:
+        x_starts, x_ends = array("q", x_start), array("q", x_end)
+    except OverflowError:  # times past 64 bits of ns: those spans cannot be placed
+        keep = [i for i, (s, e) in enumerate(zip(x_start, x_end)) if _in_range(s) and _in_range(e)]
+        x_name, x_track = [x_name[i] for i in keep], [x_track[i] for i in keep]
+        x_args, x_cat = [x_args[i] for i in keep], [x_cat[i] for i in keep]
+        x_starts, x_ends = array("q", [x_start[i] for i in keep]), array("q", [x_end[i] for i in keep])
+    spans.extend(x_name, x_track, x_starts, x_ends, x_args, x_cat)
     # Processes that only named themselves still exist (a rank that recorded nothing).
     for pid in proc_name:
         if pid not in proc_index and pid is not None:
@@ -362,6 +429,44 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     if own and not merged and file_rank is not None and not trace.processes:
         process_of(file_rank + 1)
     return trace
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _in_range(ns: int) -> bool:
+    return INT64_MIN <= ns <= INT64_MAX
+
+
+def _ns(base: int, us: Any) -> int | None:
+    """`base` plus a time in microseconds (`ts`, `dur`), as integer ns; None when it is not a
+    number, or not finite, or past 64 bits of ns."""
+    if type(us) is not int and type(us) is not float:
+        return None
+    try:
+        ns = base + round(us * 1000)
+    except (ValueError, OverflowError):
+        return None
+    return ns if _in_range(ns) else None
+
+
+def _ids(e: dict[str, Any]) -> bool:
+    """Are the event's pid and tid usable as ids (not lists or objects)?"""
+    try:
+        hash((e.get("pid"), e.get("tid")))
+    except TypeError:
+        return False
+    return True
+
+
+def _text(v: Any) -> str:
+    """A name as text: strings as they are, anything else (a number, a list) as its JSON."""
+    if type(v) is str:
+        return v
+    try:
+        return dumps(v).decode("utf-8", "replace")
+    except RecursionError:  # nested past what cleaning walks
+        return "?"
 
 
 # ---- writing ------------------------------------------------------------------------------------
@@ -728,10 +833,9 @@ def complete_header(path: str) -> dict[str, Any] | None:
     file (the array form) carries later clock syncs and its run id in events after its first
     line."""
     try:
-        with open(path, "rb") as f:
-            first = f.read(4096).lstrip()[:1]
-    except OSError:
-        return None
+        first = read_head(path, 4096).lstrip()[:1]
+    except TraceFormatError:
+        return None  # reading the whole file says why
     return read_header(path) if first == b"{" else None
 
 

@@ -1,27 +1,26 @@
-"""Trace files on disk: atomic writes, finding the files a user names, appending a rank's file.
+"""Trace files on disk: atomic writes, reading only regular files, appending a rank's file.
 
-Takes: paths (files, directories, globs) and bytes to write. Gives: files that are either whole
-or untouched (`atomic_writer`), its temporary files named for their writer so that the next
-write into a folder removes those a dead process left (`temp_file`), the list of trace files
-behind a user's arguments (`expand`; a directory's are its ranks' files of every registered
-format), and what both stream writers share (`AppendFile`). Which format a file is: `registry.py`.
+Takes: paths and bytes to write. Gives: files that are either whole or untouched
+(`atomic_writer`), its temporary files named for their writer so that the next write into a
+folder removes those a dead process left (`temp_file`), files opened for reading only when they
+are regular (`open_regular`), and what both stream writers share (`AppendFile`). Which format a
+file is, and the trace files behind a user's arguments (`expand`): `registry.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import re
 import socket
+import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gputrace import native
 from gputrace.errors import GputraceError, TraceFormatError
-from gputrace.trace import registry
 
 if TYPE_CHECKING:
     from gputrace.trace.model import Process
@@ -192,39 +191,48 @@ def publish(tmp: str, path: str) -> None:
     os.replace(tmp, path)
 
 
-def expand(paths: Iterable[str]) -> list[str]:
-    """Files, directories (their trace_rank*.json / .pftrace, one pattern per registered format)
-    and globs -> a list of files, each once, in the order given (a directory's files sorted)."""
-    files: list[str] = []
-    for p in paths:
-        if os.path.isdir(p):
-            globs = registry.rank_file_globs()
-            found = sorted(f for pattern in globs for f in glob.glob(os.path.join(p, pattern)))
-            if not found:
-                raise GputraceError(f"{p}: no {' or '.join(globs)} files in this directory")
-            files += found
-        elif any(c in p for c in "*?["):
-            found = sorted(glob.glob(p))
-            if not found:
-                raise GputraceError(f"{p}: no files match")
-            files += found
-        elif os.path.exists(p):
-            files.append(p)
-        else:
-            raise TraceFormatError(p, "no such file")
-    return list(dict.fromkeys(files))
-
-
-def read_bytes(path: str) -> bytes:
+def open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading in binary, when it is a regular file (through links); else a
+    `TraceFormatError` with the reason. Every reader opens its files here: a FIFO would block
+    the reader forever, and a device such as /dev/zero never ends."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        # O_NONBLOCK: opening a FIFO with no writer must not block; nothing is read before the check.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise TraceFormatError(path, "no such file") from None
     except IsADirectoryError:
         raise TraceFormatError(path, "is a directory, not a trace file") from None
     except OSError as e:
         raise TraceFormatError(path, e.strerror or str(e)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise TraceFormatError(
+                path, "is a directory, not a trace file" if stat.S_ISDIR(mode) else "not a regular file"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole of a regular file (see `open_regular`), or a `TraceFormatError`."""
+    with open_regular(path) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise TraceFormatError(path, e.strerror or str(e)) from None
+
+
+def read_head(path: str, limit: int) -> bytes:
+    """The first `limit` bytes of a regular file (see `open_regular`), or a `TraceFormatError`."""
+    with open_regular(path) as f:
+        try:
+            return f.read(limit)
+        except OSError as e:
+            raise TraceFormatError(path, e.strerror or str(e)) from None
 
 
 class AppendFile:

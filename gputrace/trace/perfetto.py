@@ -716,15 +716,25 @@ class StreamWriter(AppendFile):
 # ---- reading ------------------------------------------------------------------------------------
 
 
+#: Compressed packets inflate to at most this many times the file's size, or INFLATE_MIN bytes,
+#: whichever is larger (gputrace's own files inflate up to about 50 times; zlib reaches 1000): a
+#: file past that is refused as a decompression bomb before it takes the machine's memory.
+INFLATE_FACTOR = 128
+INFLATE_MIN = 32 << 20
+#: Compressed packets inside compressed packets, at most (gputrace writes one level).
+MAX_NESTING = 4
+
+
 def read(path: str, data: bytes | None = None) -> Trace:
     """Parse a Perfetto protobuf trace into a `Trace`: gputrace's own files fully; of other
     tools' files, the process, thread and counter tracks, slices and counters. A file cut off
-    mid-write loses only its last, partial packet (and spans whose end was in it)."""
+    mid-write loses only its last, partial packet (and spans whose end was in it). Memory is
+    bounded by the file's size: see INFLATE_FACTOR."""
     if data is None:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path).build(_parse(path, data))
+    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_parse(path, data))
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -802,8 +812,9 @@ class _Seq:
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, inflate: int = INFLATE_MIN) -> None:
         self.path = path
+        self.inflate = inflate  # bytes that compressed packets may still inflate to
         self.header: dict[str, Any] = {}
         self.extra: list[dict[str, Any]] = []
         self.descriptors: dict[int, pb.TrackDescriptor] = {}  # uuid -> descriptor, in file order
@@ -818,7 +829,7 @@ class _Reader:
         # Spans still open at the end were cut off mid-write (their end never came): left out.
         return self._trace()
 
-    def _packets(self, packets: Any) -> None:
+    def _packets(self, packets: Any, depth: int = 0) -> None:
         seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
         for p in packets:
             sid = p.trusted_packet_sequence_id
@@ -848,14 +859,14 @@ class _Reader:
                 uuid = te.track_uuid or st.track
                 t = te.type
                 if t == _BEGIN:
-                    name = st.names.get(te.name_iid, "") if te.name_iid else te.name
+                    name = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
                     a = cat = None
                     if te.debug_annotations:
                         a = {_key(st, d): _value(d) for d in te.debug_annotations}
                     if te.category_iids:
                         cat = ",".join(st.cats.get(i, "") for i in te.category_iids)
                     elif te.categories:
-                        cat = ",".join(te.categories)
+                        cat = ",".join(map(_str, te.categories))
                     stack = open_.get(uuid)
                     if stack is None:
                         stack = open_[uuid] = []
@@ -878,19 +889,33 @@ class _Reader:
             elif kind == "chrome_events":
                 self._metadata(p.chrome_events)
             elif kind == "compressed_packets":
-                try:
-                    inner = pb.Trace.FromString(zlib.decompress(p.compressed_packets))
-                except (zlib.error, DecodeError):
-                    raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
-                self._packets(inner.packet)
+                if depth >= MAX_NESTING:
+                    raise TraceFormatError(self.path, f"compressed packets nested more than {MAX_NESTING} deep")
+                self._packets(self._inflate(p.compressed_packets).packet, depth + 1)
+
+    def _inflate(self, data: bytes) -> pb.Trace:
+        """Compressed packets, inflated within what is left of the file's allowance."""
+        z = zlib.decompressobj()
+        try:
+            raw = z.decompress(data, self.inflate + 1)
+            if len(raw) > self.inflate or z.unconsumed_tail:
+                raise TraceFormatError(
+                    self.path,
+                    f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
+                    "(a decompression bomb?)",
+                )
+            self.inflate -= len(raw)
+            return pb.Trace.FromString(raw)
+        except (zlib.error, DecodeError):
+            raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
 
     def _intern(self, st: _Seq, d: pb.InternedData) -> None:
         for e in d.event_names:
-            st.names[e.iid] = e.name
+            st.names[e.iid] = _str(e.name)
         for e in d.debug_annotation_names:
-            st.keys[e.iid] = e.name
+            st.keys[e.iid] = _str(e.name)
         for e in d.event_categories:
-            st.cats[e.iid] = e.name
+            st.cats[e.iid] = _str(e.name)
 
     def _clock(self, sid: int, st: _Seq, snap: pb.ClockSnapshot) -> None:
         trace_time = None
@@ -925,6 +950,8 @@ class _Reader:
         base = header.get("baseTimeNanoseconds", 0)
         if isinstance(base, bool) or not isinstance(base, int):
             raise TraceFormatError(self.path, "baseTimeNanoseconds is not an integer")
+        if not _in_range(base):
+            raise TraceFormatError(self.path, "baseTimeNanoseconds is out of range (a 64-bit integer of ns)")
         trace = Trace(dict(meta))
         trace.metadata["base_ns"] = base
         if "world_size" in info:
@@ -959,80 +986,99 @@ class _Reader:
         for uuid, d in self.descriptors.items():
             if d.HasField("process"):
                 pr = d.process
-                process_of(pr.pid, pr.process_name, pr.legacy_sort_index if pr.HasField("legacy_sort_index") else None)
+                sort = pr.legacy_sort_index if pr.HasField("legacy_sort_index") else None
+                process_of(pr.pid, _str(pr.process_name), sort)
         for uuid, d in self.descriptors.items():
             if d.HasField("thread"):
                 th = d.thread
-                name = th.thread_name or f"thread {th.tid}"
+                name = _str(th.thread_name) or f"thread {th.tid}"
                 m = CUDA_TRACK.match(name)
                 kind, device = ("cuda", int(m.group(1))) if m else ("cpu" if name.endswith("(host)") else "other", None)
                 track_of[uuid] = trace.add_track(Track(process_of(th.pid), th.tid, name, kind, device, th.tid))
             elif d.HasField("counter") or uuid in self.samples:
                 parent = self.descriptors.get(d.parent_uuid)
                 pid = parent.process.pid if parent is not None and parent.HasField("process") else 0
-                m = CUDA_TRACK.match(d.name)
-                track = Track(process_of(pid), d.name, d.name, "counter", int(m.group(1)) if m else None)
+                name = _str(d.name)
+                m = CUDA_TRACK.match(name)
+                track = Track(process_of(pid), name, name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
         for uuid, lst in self.spans.items():
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"track {uuid}"))
-            names, t0s, t1s, args, cats = zip(*lst)
+            try:
+                starts = array("q", [base + x[1] for x in lst])
+                ends = array("q", [base + x[2] for x in lst])
+            except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
+                lst = [x for x in lst if _in_range(base + x[1]) and _in_range(base + x[2])]
+                if not lst:
+                    continue
+                starts = array("q", [base + x[1] for x in lst])
+                ends = array("q", [base + x[2] for x in lst])
+            names, _, _, args, cats = zip(*lst)
             ids = {n: intern(n) for n in set(names)}
-            spans.extend(
-                [ids[n] for n in names],
-                [t] * len(lst),
-                [base + t0 for t0 in t0s],
-                [base + t1 for t1 in t1s],
-                args,
-                cats,
-            )
+            spans.extend([ids[n] for n in names], [t] * len(lst), starts, ends, args, cats)
         counters = trace.counters
         for uuid, samples in self.samples.items():
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"counter {uuid}", "counter"))
             for ts, v in samples:
-                counters.append(t, base + ts, v)
+                if _in_range(base + ts):
+                    counters.append(t, base + ts, v)
         for e in self.extra:
             e = dict(e)
             pid = e.pop("pid", None)
-            if not isinstance(e.get("ts_ns"), int) or not isinstance(pid, int):
+            if type(e.get("ts_ns")) is not int or not _in_range(e["ts_ns"]) or not isinstance(pid, int):
                 continue
+            if "dur_ns" in e and (type(e["dur_ns"]) is not int or not _in_range(e["dur_ns"])):
+                del e["dur_ns"]
             e["process"] = process_of(pid)
             trace.extra.append(e)
         return trace
 
 
+def _str(v: str | bytes) -> str:
+    """A string field as text: protobuf gives the bytes of one that is not UTF-8."""
+    return v if isinstance(v, str) else v.decode("utf-8", "replace")
+
+
+def _in_range(ns: int) -> bool:
+    return -(2**63) <= ns < 2**63
+
+
 def _key(st: _Seq, d: pb.DebugAnnotation) -> str:
-    return st.keys.get(d.name_iid, "") if d.name_iid else d.name
+    return st.keys.get(d.name_iid, "") if d.name_iid else _str(d.name)
 
 
 def _value(d: pb.DebugAnnotation) -> Any:
     kind = d.WhichOneof("value")
     if kind is None:
         if len(d.dict_entries):
-            return {e.name: _value(e) for e in d.dict_entries}
+            return {_str(e.name): _value(e) for e in d.dict_entries}
         if len(d.array_values):
             return [_value(v) for v in d.array_values]
         return None
     if kind == "nested_value":
         return _nested(d.nested_value)
     if kind == "legacy_json_value":
+        text = _str(d.legacy_json_value)
         try:
-            return json.loads(d.legacy_json_value)
-        except ValueError:
-            return d.legacy_json_value
-    return getattr(d, kind)
+            return json.loads(text)
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python goes: its text
+            return text
+    value = getattr(d, kind)
+    return _str(value) if type(value) is bytes and kind != "bytes_value" else value
 
 
 def _nested(n: pb.DebugAnnotation.NestedValue) -> Any:
     if n.nested_type == pb.DebugAnnotation.NestedValue.DICT:
-        return {k: _nested(v) for k, v in zip(n.dict_keys, n.dict_values)}
+        return {_str(k): _nested(v) for k, v in zip(n.dict_keys, n.dict_values)}
     if n.nested_type == pb.DebugAnnotation.NestedValue.ARRAY:
         return [_nested(v) for v in n.array_values]
     for kind in ("bool_value", "int_value", "double_value", "string_value"):
         if n.HasField(kind):
-            return getattr(n, kind)
+            value = getattr(n, kind)
+            return _str(value) if type(value) is bytes else value
     return None

@@ -2,9 +2,10 @@
 
 Takes: each format's declaration (`Format`: its name and the other names users may give it, its
 file extensions, how its files are recognised by their first bytes, and the module that reads and
-writes it). Gives: the format for a name, for a path to write, or for a file to read, and the file
-names a folder of ranks holds. Every stage that reads or writes traces asks here; none tests a
-format by name, so adding a format is one module plus one `register` call.
+writes it). Gives: the format for a name, for a path to write, or for a file to read, the file
+names a folder of ranks holds, and the trace files behind a user's paths (`expand`). Every stage
+that reads or writes traces asks here; none tests a format by name, so adding a format is one
+module plus one `register` call.
 
 A format's module provides:
 
@@ -30,9 +31,10 @@ that lives outside gputrace, anywhere before it is used; `unregister` takes it a
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -154,10 +156,11 @@ def detect(path: str, head: bytes | None = None) -> Format:
     """The format of an existing file, by its first bytes, else by its extension, else JSON
     (whose reader then says what is wrong with the file)."""
     if head is None:
+        from gputrace.trace.files import read_head  # files asks the registry for folders' globs
+
         try:
-            with open(path, "rb") as f:
-                head = f.read(64)
-        except OSError:
+            head = read_head(path, 64)
+        except TraceFormatError:  # the reader says why
             head = b""
     for fmt in _FORMATS.values():
         if head and fmt.recognise(head):
@@ -204,3 +207,26 @@ register(
         aliases=("pftrace", "protobuf"),
     )
 )
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """Files, directories (their trace_rank*.json / .pftrace, one pattern per registered format)
+    and globs -> a list of files, each once, in the order given (a directory's files sorted)."""
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            globs = rank_file_globs()
+            found = sorted(f for pattern in globs for f in glob.glob(os.path.join(p, pattern)))
+            if not found:
+                raise GputraceError(f"{p}: no {' or '.join(globs)} files in this directory")
+            files += found
+        elif any(c in p for c in "*?["):
+            found = sorted(glob.glob(p))
+            if not found:
+                raise GputraceError(f"{p}: no files match")
+            files += found
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            raise TraceFormatError(p, "no such file")
+    return list(dict.fromkeys(files))
