@@ -276,7 +276,9 @@ def merge(
     """Merge per-rank traces (files, directories or globs) into one aligned timeline; a
     torch.profiler trace of a rank joins that rank."""
     from gputrace import merge as merge_mod
+    from gputrace.trace.files import check_target
 
+    check_target(out)  # before minutes of reading ranks, not after
     meta = merge_mod.merge(
         paths,
         out,
@@ -355,9 +357,11 @@ def view(
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline."""
-    from gputrace.trace.files import expand, write_atomic
+    from gputrace.trace.files import check_target, expand, write_atomic
     from gputrace.viewer import data, report, server
 
+    if export:
+        check_target(export)  # before the traces are read, not after
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
     sel = selection

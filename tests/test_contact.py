@@ -1,0 +1,92 @@
+"""A user's first contact and the CLI's outputs: outputs only onto regular files, paths that are
+not UTF-8, the viewer's server under many idle and busy connections, ranks recorded without
+torch.distributed merged, unsynced clocks said to be unsynced, every file of `validate`
+reported, and the messages that say what to do."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gputrace.cli import main
+from gputrace.errors import GputraceError
+from gputrace.trace import files
+
+from .test_viewer import make_trace, write_ranks
+
+# ---- outputs only onto regular files ------------------------------------------------------------
+
+
+def _special_targets(tmp_path: Path) -> list[tuple[Path, str]]:
+    """A FIFO and a link to /dev/null in a temp folder (the real /dev/null is never written)."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    null = tmp_path / "null.json"
+    os.symlink("/dev/null", null)
+    return [(fifo, "a FIFO"), (null, "a character device (through a symbolic link)")]
+
+
+def _unchanged(target: Path) -> None:
+    if target.is_symlink():
+        assert os.readlink(target) == "/dev/null"
+    else:
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)
+    assert not [p for p in os.listdir(target.parent) if p.startswith(".gputrace-")]  # no temp file left
+
+
+@pytest.mark.parametrize("out_name", ["merged.json", "merged.pftrace"])
+def test_merge_refuses_to_write_onto_a_fifo_or_a_device(tmp_path: Path, out_name: str) -> None:
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write_ranks(make_trace(2, 3), ranks)
+    for target, kind in _special_targets(tmp_path):
+        out = target.with_name(target.stem + Path(out_name).suffix)
+        if out != target:
+            target.rename(out)
+        res = CliRunner().invoke(main, ["merge", str(ranks), "-o", str(out), "-q"])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and f"it is {kind}, not a regular file" in lines[0], res.output
+        assert str(out) in lines[0]
+        _unchanged(out)
+    # A regular file and a new path are still written.
+    (tmp_path / "old.json").write_bytes(b"old")
+    for out in (tmp_path / "old.json", tmp_path / "new" / "m.json"):
+        res = CliRunner().invoke(main, ["merge", str(ranks), "-o", str(out), "-q"])
+        assert res.exit_code == 0, res.output
+        assert out.is_file() and out.stat().st_size > 100
+
+
+def test_view_export_refuses_to_write_onto_a_fifo_or_a_device(tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write_ranks(make_trace(2, 3), ranks)
+    for target, kind in _special_targets(tmp_path):
+        res = CliRunner().invoke(main, ["view", str(ranks), "--export", str(target)])
+        assert res.exit_code == 2, res.output
+        assert f"{target}: it is {kind}, not a regular file" in res.output.strip().splitlines()[-1]
+        assert "reading" not in res.output  # refused before the traces were read
+        _unchanged(target)
+
+
+def test_the_atomic_writer_refuses_to_replace_a_non_regular_file(tmp_path: Path) -> None:
+    (target, _), (link, _) = _special_targets(tmp_path)
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    for path, kind in ((target, "a FIFO"), (link, "a character device"), (folder, "a directory")):
+        with pytest.raises(GputraceError, match=f"it is {kind}"):
+            files.write_atomic(str(path), b"{}")
+    _unchanged(target)
+    _unchanged(link)
+    assert folder.is_dir() and not list(folder.iterdir())
+    # What was a regular file when the writing began and is a FIFO by the rename is not replaced.
+    late = tmp_path / "late.json"
+    with pytest.raises(GputraceError, match="it is a FIFO"):
+        with files.atomic_writer(str(late)) as f:
+            f.write(b"{}")
+            os.mkfifo(late)
+    _unchanged(late)
