@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
 from gputrace.cli import main
 from gputrace.errors import GputraceError
 from gputrace.trace import files
+from gputrace.viewer import data, server
 
-from .test_viewer import make_trace, write_ranks
+from .test_viewer import get, make_trace, write_ranks
 
 # ---- outputs only onto regular files ------------------------------------------------------------
 
@@ -90,3 +93,33 @@ def test_the_atomic_writer_refuses_to_replace_a_non_regular_file(tmp_path: Path)
             f.write(b"{}")
             os.mkfifo(late)
     _unchanged(late)
+
+
+# ---- paths that are not UTF-8 -------------------------------------------------------------------
+
+
+def test_view_of_a_folder_whose_name_is_not_utf8(tmp_path: Path) -> None:
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/runs-\xff\xfe-x"))
+    folder.mkdir()
+    write_ranks(make_trace(2, 3), folder)
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["view", str(folder), "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "runs-\ufffd\ufffd-x" in page
+    # The server's document (built when `view` serves) holds the name too, as JSON can.
+    trace = data.load([str(folder)])
+    doc = data.document(trace, inputs=[str(folder)])
+    viewer = server.Viewer(trace, doc, server.resolve_ui(None), name=doc["title"])
+    httpd = viewer.serve(0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        status, _, body = get(httpd.server_address, "/data.json")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert status == 200
+    shown = orjson.loads(body)
+    assert shown["inputs"] == [str(folder).encode("utf-8", "surrogateescape").decode("utf-8", "replace")]
+    assert shown["title"] == "runs-\ufffd\ufffd-x: 2 ranks"
+    assert data.shown_text("lone \ud800 surrogate") == "lone ? surrogate"
