@@ -6,9 +6,12 @@ reported, and the messages that say what to do."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -17,6 +20,7 @@ from click.testing import CliRunner
 from gputrace.cli import main
 from gputrace.errors import GputraceError
 from gputrace.trace import files
+from gputrace.trace.model import Trace
 from gputrace.viewer import data, server
 
 from .test_viewer import get, make_trace, write_ranks
@@ -123,3 +127,97 @@ def test_view_of_a_folder_whose_name_is_not_utf8(tmp_path: Path) -> None:
     assert shown["inputs"] == [str(folder).encode("utf-8", "surrogateescape").decode("utf-8", "replace")]
     assert shown["title"] == "runs-\ufffd\ufffd-x: 2 ranks"
     assert data.shown_text("lone \ud800 surrogate") == "lone ? surrogate"
+
+
+# ---- the viewer's server: connections that say nothing ------------------------------------------
+
+
+def _serving(trace: Trace | None = None, **settings: Any) -> Any:
+    trace = trace or make_trace(2, 3)
+    viewer = server.Viewer(trace, data.document(trace), server.resolve_ui("https://ui.perfetto.dev"), name="t")
+    httpd = viewer.serve(0, **settings)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed `sock` (it reads EOF), or None if it is still open then."""
+    t0 = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - t0
+
+
+def _handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_the_viewer_closes_idle_and_half_open_connections_after_its_timeout() -> None:
+    assert server.IDLE_TIMEOUT_S > 0 and server.BACKLOG >= 128  # as `gputrace view` serves
+    httpd = _serving(timeout=0.5)
+    try:
+        addr = httpd.server_address
+        assert httpd.request_queue_size == server.BACKLOG
+        idle = socket.create_connection(addr)
+        half = socket.create_connection(addr)
+        half.sendall(b"GET /data.json HTTP/1.1\r\nHost: 127.0.0.1")  # and nothing more
+        keep = socket.create_connection(addr)  # keep-alive: one answered request, then silence
+        keep.sendall(f"GET /data.json HTTP/1.1\r\nHost: 127.0.0.1:{addr[1]}\r\n\r\n".encode())
+        for sock in (idle, half, keep):
+            took = _closed_within(sock, 10)
+            assert took is not None and took < 5, "the server still holds a silent connection"
+            sock.close()
+        deadline = time.monotonic() + 5
+        while _handler_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _handler_threads() == 0
+        status, _, body = get(addr, "/data.json")  # and it still serves
+        assert status == 200 and orjson.loads(body)["ranks"] == [0, 1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_client_that_stops_reading_frees_its_thread_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    # A download larger than the sockets' buffers, never read: the write times out.
+    httpd = _serving(make_trace(4, 3000), timeout=0.5)
+    try:
+        addr = httpd.server_address
+        sock = socket.create_connection(addr)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /trace.json?download=1 HTTP/1.1\r\nHost: 127.0.0.1:{addr[1]}\r\n\r\n".encode())
+        deadline = time.monotonic() + 15
+        time.sleep(0.2)
+        while _handler_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _handler_threads() == 0, "a thread still writes to a client that reads nothing"
+        sock.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert capfd.readouterr().err == ""  # no traceback from the server
+
+
+def test_the_viewer_serves_at_most_max_threads_connections_at_once() -> None:
+    httpd = _serving(timeout=1.0, max_threads=2)
+    try:
+        addr = httpd.server_address
+        idle = [socket.create_connection(addr) for _ in range(2)]
+        time.sleep(0.2)
+        assert _handler_threads() == 2
+        t0 = time.monotonic()
+        status, _, _ = get(addr, "/data.json")  # waits in the backlog for a thread to be free
+        assert status == 200 and 0.5 < time.monotonic() - t0 < 10
+        assert _handler_threads() <= 2
+        for sock in idle:
+            sock.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
