@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from gputrace.trace import files
 from gputrace.trace.model import Trace
 from gputrace.viewer import data, server
 
+from .conftest import read_json
 from .test_viewer import get, make_trace, write_ranks
 
 # ---- outputs only onto regular files ------------------------------------------------------------
@@ -221,3 +224,39 @@ def test_the_viewer_serves_at_most_max_threads_connections_at_once() -> None:
         httpd.shutdown()
         httpd.server_close()
 
+
+# ---- ranks recorded with enable(rank=r) and no torch.distributed --------------------------------
+
+_RANK_ONLY = """
+import sys, time, gputrace
+gputrace.enable(rank=int(sys.argv[1]), out_dir=sys.argv[2], cuda=False)
+for i in range(3):
+    with gputrace.span("step", step=i):
+        with gputrace.span("work"):
+            time.sleep(0.001)
+    gputrace.flush()
+gputrace.save()
+"""
+
+
+def test_ranks_recorded_with_a_rank_option_alone_merge(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in env.items() if not k.startswith(("GPUTRACE", "TORCHELASTIC", "SLURM"))}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RANK_ONLY, str(r), str(tmp_path)], env=env, stderr=subprocess.PIPE)
+        for r in range(3)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    for r in range(3):
+        head = read_json(tmp_path / f"trace_rank{r}.json")
+        assert head["distributedInfo"] == {"rank": r}  # no world size made up
+        assert head["metadata"]["world_size"] is None and head["metadata"]["run_id"] is None
+    out = tmp_path / "merged.json"
+    res = CliRunner().invoke(main, ["merge", str(tmp_path), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    merged = read_json(out)
+    assert merged["metadata"]["ranks"] == [0, 1, 2]
+    assert sorted({e["pid"] for e in merged["traceEvents"] if e["ph"] == "X"}) == [1, 2, 3]
+    res = CliRunner().invoke(main, ["summary", str(tmp_path / "trace_rank*.json")])
+    assert res.exit_code == 0, res.output
