@@ -300,17 +300,28 @@ def merge(
     for rank, a in shown:
         note = "; ".join(a.get("notes", []))
         dev = a.get("device")
+        # No offset measured: an error of 0 would read as exact, so none is shown.
+        offset = (
+            "offset not measured, error unknown"
+            if a.get("measured") is False
+            else f"offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+        )
         click.echo(
-            f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+            f"rank {rank}: {offset}"
             + (f", device {dev['offset_ns'] / 1e3:+.1f} us +- {dev['error_ns'] / 1e3:.1f} us" if dev else "")
             + (f" ({note})" if note else "")
         )
     if len(shown) < len(per_rank):
         rest = [a for _, a in per_rank[len(shown) :]]
-        lo, hi = min(a["offset_ns"] for a in rest), max(a["offset_ns"] for a in rest)
-        worst = max(a["error_ns"] for a in rest)
-        span = f"offsets {lo / 1e3:+.1f} to {hi / 1e3:+.1f} us, errors up to {worst / 1e3:.1f} us"
-        click.echo(f"... {len(rest)} more ranks: {span}")
+        measured = [a for a in rest if a.get("measured") is not False]
+        parts = []
+        if measured:
+            lo, hi = min(a["offset_ns"] for a in measured), max(a["offset_ns"] for a in measured)
+            worst = max(a["error_ns"] for a in measured)
+            parts.append(f"offsets {lo / 1e3:+.1f} to {hi / 1e3:+.1f} us, errors up to {worst / 1e3:.1f} us")
+        if len(measured) < len(rest):
+            parts.append(f"{len(rest) - len(measured)} with no offset measured (error unknown)")
+        click.echo(f"... {len(rest)} more ranks: {'; '.join(parts)}")
     for note in meta.get("notes", []):
         click.echo(f"note: {note}")
     click.echo(f"wrote {out}")

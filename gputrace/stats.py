@@ -300,6 +300,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         )
         if sum(1 for v in coll_idx.values() if v) > 1:
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
+        notes += _clock_notes(trace, ranks, rank_meta, aligned)
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -466,6 +468,11 @@ def _clock_notes(trace: Trace, ranks: list[int], rank_meta: dict[int, Any], alig
         return [
             f"ranks {_ranges(unsynced)} recorded no clock sync (gputrace.sync_clocks()) and the ranks may be on "
             "several hosts: their arrival order trusts the host clocks (NTP: often 0.1-10 ms apart)"
+        ]
+    if unsynced and len(ranks) > 1:  # said even so: an unsynced run must not pass for a measured one
+        return [
+            f"ranks {_ranges(unsynced)}: clocks not synced (no gputrace.sync_clocks()), so no error bar was "
+            "measured (ranks on one host share its clock)"
         ]
     return []
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from gputrace.cli import main
 from gputrace.errors import GputraceError
 from gputrace.trace import files
 from gputrace.trace.model import Trace
-from gputrace.viewer import data, server
+from gputrace.viewer import data, report, server
 
 from .conftest import read_json
 from .test_viewer import get, make_trace, write_ranks
@@ -260,3 +261,120 @@ def test_ranks_recorded_with_a_rank_option_alone_merge(tmp_path: Path) -> None:
     assert sorted({e["pid"] for e in merged["traceEvents"] if e["ph"] == "X"}) == [1, 2, 3]
     res = CliRunner().invoke(main, ["summary", str(tmp_path / "trace_rank*.json")])
     assert res.exit_code == 0, res.output
+
+
+# ---- a run whose clocks were not synced does not look exact -------------------------------------
+
+
+def _synced_meta(rank: int) -> dict[str, Any]:
+    sync = {"at_ns": 1_700_000_000_000_000_000, "offset_ns": 1500 * rank, "error_ns": 2500}
+    return {"hostname": "node1", "clock": {"sync_to_rank0": [sync]}}
+
+
+def test_an_unsynced_merge_prints_no_error_bar_of_zero(tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write_ranks(make_trace(3, 2), ranks)  # recorded without sync_clocks()
+    res = CliRunner().invoke(main, ["merge", str(ranks), "-o", str(tmp_path / "m.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "+- 0.0 us" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("rank ")]
+    assert len(lines) == 3 and all("offset not measured, error unknown (no clock sync recorded" in ln for ln in lines)
+    per_rank = read_json(tmp_path / "m.json")["metadata"]["alignment"]["per_rank"]
+    assert all(a["measured"] is False for a in per_rank.values())
+    # Beyond 16 ranks the rest are summed up: still no error of 0 for ranks nothing measured.
+    many = tmp_path / "many"
+    many.mkdir()
+    write_ranks(make_trace(20, 1), many)
+    res = CliRunner().invoke(main, ["merge", str(many), "-o", str(tmp_path / "m20.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "... 12 more ranks: 12 with no offset measured (error unknown)" in res.output
+    assert "+- 0.0 us" not in res.output and "errors up to 0.0 us" not in res.output
+
+
+def _add_metadata(paths: list[str], meta: Callable[[int], dict[str, Any]]) -> None:
+    for path in paths:
+        doc = read_json(path)
+        doc["metadata"].update(meta(doc["metadata"]["rank"]))
+        Path(path).write_bytes(orjson.dumps(doc))
+
+
+def test_a_synced_merge_still_prints_its_offsets(tmp_path: Path) -> None:
+    paths = write_ranks(make_trace(2, 2), tmp_path)
+    _add_metadata(paths, _synced_meta)
+    res = CliRunner().invoke(main, ["merge", *paths, "-o", str(tmp_path / "m.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "rank 1: offset +1.5 us +- 2.5 us" in res.output and "not measured" not in res.output
+
+
+def test_summary_says_the_clocks_were_not_synced(tmp_path: Path) -> None:
+    _add_metadata(write_ranks(make_trace(3, 3), tmp_path), lambda r: {"hostname": "node1"})  # one host
+    res = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "note: ranks 0-2: clocks not synced (no gputrace.sync_clocks())" in res.output
+    # The viewer's document says which ranks nothing measured.
+    doc = data.document(data.load([str(tmp_path)]))
+    assert [a["measured"] for a in doc["alignment"]["per_rank"]] == [False, False, False]
+    assert any("clocks not synced" in n for n in doc["notes"])
+
+
+# ---- in Chromium: the page's facts and the timeline's failure note ------------------------------
+
+
+def _chromium() -> Any:
+    from . import perfetto_ui
+
+    why_not = perfetto_ui.available()
+    if why_not:
+        pytest.skip(why_not)
+    from playwright.sync_api import sync_playwright
+
+    return perfetto_ui, sync_playwright
+
+
+@pytest.mark.browser
+def test_the_page_says_unsynced_clocks_have_no_error_bars(tmp_path: Path) -> None:
+    perfetto_ui, sync_playwright = _chromium()
+    write_ranks(make_trace(3, 3), tmp_path)
+    out = tmp_path / "report.html"
+    out.write_bytes(report.html(data.document(data.load([str(tmp_path)]))))
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
+        try:
+            page = b.new_page()
+            page.goto(out.as_uri())
+            page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+            facts = page.text_content("#facts") or ""
+        finally:
+            b.close()
+    assert "clocks not synced: host clocks as recorded, error unknown" in facts, facts
+    assert "±0" not in facts and "error bars" not in facts
+
+
+@pytest.mark.browser
+def test_the_timeline_that_never_answers_names_the_offline_ways(tmp_path: Path) -> None:
+    perfetto_ui, sync_playwright = _chromium()
+    with socket.socket() as s:  # a port where nothing listens: the UI never answers
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/"
+    trace = make_trace(2, 3)
+    viewer = server.Viewer(trace, data.document(trace), server.resolve_ui(dead), name="t")
+    httpd = viewer.serve(0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
+            try:
+                page = b.new_page()
+                page.clock.install()  # the page's 20 s of waiting, fast-forwarded
+                page.goto(f"http://127.0.0.1:{httpd.server_address[1]}/")
+                page.wait_for_selector("[data-testid=timeline-status]", timeout=30_000)
+                page.clock.run_for(25_000)
+                status = page.text_content("[data-testid=timeline-status]") or ""
+            finally:
+                b.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "did not answer" in status, status
+    assert "pip install gputrace[offline]" in status and "--perfetto-ui DIR|URL" in status

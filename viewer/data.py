@@ -327,7 +327,14 @@ def _alignment(trace: Trace, ranks: list[int]) -> dict[str, Any] | None:
     for r in ranks:
         a = per.get(str(r), per.get(r))
         if isinstance(a, dict):
-            out.append({"offset_ns": a.get("offset_ns"), "error_ns": a.get("error_ns"), "notes": a.get("notes") or []})
+            out.append(
+                {
+                    "offset_ns": a.get("offset_ns"),
+                    "error_ns": a.get("error_ns"),
+                    "measured": a.get("measured") is not False,  # False: no clock sync, error unknown
+                    "notes": a.get("notes") or [],
+                }
+            )
         else:
             out.append(None)
     return {"method": al.get("method"), "per_rank": out}
