@@ -51,12 +51,14 @@ httpd.serve_forever()
 """
 
 
-def threads_of(pid: int) -> int:
+def threads_of(pid: int) -> str:
+    """The process's threads and resident memory, as "N (M MB)"."""
+    found = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return -1
+            key, _, value = line.partition(":")
+            found[key] = value.split()
+    return f"{found['Threads'][0]} ({int(found['VmRSS'][0]) / 1024:.0f} MB)"
 
 
 def open_idle(port: int, n: int, deadline: float = 40.0) -> tuple[list[socket.socket], float]:
@@ -166,7 +168,7 @@ def run(setting: str, args: argparse.Namespace) -> list[tuple[str, str]]:
         socks, took = open_idle(port, args.idle)
         row(f"{args.idle} idle connections: opened, in", f"{len(socks)} in {took:.1f} s")
         time.sleep(1.0)
-        row(f"server threads 1 s later (at rest: {base})", str(threads_of(child.pid)))
+        row(f"server threads (memory) 1 s later; at rest: {base}", threads_of(child.pid))
         time.sleep(timeout + 2.0)
         held = still_open(socks)
         row(

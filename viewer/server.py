@@ -53,8 +53,11 @@ IDLE_TIMEOUT_S = 20.0
 #: Connections queued by the kernel before the server accepts them (the default of 5 made a
 #: burst of clients wait out SYN retries of 1, 3, 7 and 15 s).
 BACKLOG = 1024
-#: Connections served at once, a thread each; more wait in the backlog for one to finish.
-MAX_THREADS = 256
+#: Connections served at once, a thread each; more wait in the backlog for one to finish. High,
+#: because a connection that holds a thread while saying nothing makes the ones behind it wait up
+#: to IDLE_TIMEOUT_S: the cap bounds memory (a waiting thread holds ~25 KB), the timeout
+#: bounds how long.
+MAX_THREADS = 1024
 TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
