@@ -113,6 +113,25 @@ def selection_options(*, window: bool = True, skip_steps: bool = True, allow_mix
     return decorate
 
 
+def _mixed_runs_fix(fix: str) -> Callable[[F], F]:
+    """For a command without --allow-mixed: files of different runs are refused with `fix` as
+    the way out, not the --allow-mixed it does not have."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def command(*a: Any, **k: Any) -> Any:
+            from gputrace.merge.sources import MixedRunsError
+
+            try:
+                return fn(*a, **k)
+            except MixedRunsError as e:
+                raise e.with_fix(fix) from None
+
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gputrace")
 def main() -> None:
@@ -383,6 +402,10 @@ def validate(paths: tuple[str, ...]) -> None:
 @click.option("--export", "export", metavar="FILE.html", help="write one self-contained HTML report and exit")
 @selection_options(allow_mixed=False)
 @_guard
+@_mixed_runs_fix(
+    "view one run at a time: move the earlier run's files away or name one run's files (or merge them "
+    "anyway with gputrace merge --allow-mixed, and view the merged file)"
+)
 def view(
     paths: tuple[str, ...],
     port: int,

@@ -401,3 +401,39 @@ def test_validate_reports_every_file_and_exits_1_when_one_is_unreadable(tmp_path
     assert lines[1].startswith(f"{bad}: INVALID: ") and lines[2].startswith(f"{good}: ok: ")
     res = CliRunner().invoke(main, ["validate", good])
     assert res.exit_code == 0, res.output
+
+
+# ---- a folder with a stale rank -----------------------------------------------------------------
+
+
+def _stale_folder(folder: Path, run_ids: bool) -> None:
+    """Ranks 0-3 of an earlier run of world size 4, then ranks 0-1 of a later run of size 2
+    written over them: trace_rank2.json and trace_rank3.json are left from before."""
+    old = write_ranks(make_trace(4, 2), folder)
+    new = write_ranks(make_trace(2, 2), folder)
+    for paths, run, world, later in ((old[2:], "A", 4, 0), (new, "B", 2, 10**12)):
+        for path in paths:
+            doc = read_json(path)
+            doc["metadata"].update(world_size=world, **({"run_id": run} if run_ids else {}))
+            doc["distributedInfo"]["world_size"] = world
+            doc["baseTimeNanoseconds"] += later
+            Path(path).write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize("run_ids", [True, False], ids=["runs", "world sizes"])
+def test_a_stale_rank_is_named_and_view_offers_what_it_accepts(tmp_path: Path, run_ids: bool) -> None:
+    _stale_folder(tmp_path, run_ids)
+    stale = f"{tmp_path / 'trace_rank2.json'}, {tmp_path / 'trace_rank3.json'} are of the earlier run"
+    res = CliRunner().invoke(main, ["view", str(tmp_path), "--export", str(tmp_path / "r.html")])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert line.startswith("gputrace: error: these files come from ") and stale in line, line
+    assert "or pass --allow-mixed" not in line and "view one run at a time" in line
+    # merge and summary accept --allow-mixed, and say so.
+    for args in (["merge", str(tmp_path), "-o", str(tmp_path / "m.json")], ["summary", str(tmp_path)]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, res.output
+        line = res.output.strip().splitlines()[-1]
+        assert stale in line and line.endswith("merge one run at a time, or pass --allow-mixed"), line
+        res = CliRunner().invoke(main, [*args, "--allow-mixed"])
+        assert res.exit_code == 0, res.output
