@@ -437,3 +437,21 @@ def test_a_stale_rank_is_named_and_view_offers_what_it_accepts(tmp_path: Path, r
         assert stale in line and line.endswith("merge one run at a time, or pass --allow-mixed"), line
         res = CliRunner().invoke(main, [*args, "--allow-mixed"])
         assert res.exit_code == 0, res.output
+
+
+# ---- labels that say what was measured ----------------------------------------------------------
+
+
+def test_log_all_labels_a_cuda_timer_recorded_without_cuda_as_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    import gputrace
+    from gputrace import timer
+
+    gputrace.enable(cuda=False)
+    with timer("fwd"):  # a CUDA timer by default, timed on the host here
+        pass
+    with timer("data", timer_type="cpu"):
+        pass
+    timer.log_all()
+    out = capsys.readouterr().out
+    assert "Timer 'fwd' (cpu: recorded without CUDA): " in out and "Timer 'data' (cpu): " in out
+    assert "(cuda)" not in out
