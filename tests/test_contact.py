@@ -455,3 +455,16 @@ def test_log_all_labels_a_cuda_timer_recorded_without_cuda_as_cpu(capsys: pytest
     out = capsys.readouterr().out
     assert "Timer 'fwd' (cpu: recorded without CUDA): " in out and "Timer 'data' (cpu): " in out
     assert "(cuda)" not in out
+
+
+def test_summary_into_a_pipe_says_which_columns_it_left_out(tmp_path: Path) -> None:
+    write_ranks(make_trace(3, 3, extra_names=["a rather long span name for the table"]), tmp_path)
+    res = CliRunner().invoke(main, ["summary", str(tmp_path)], env={"COLUMNS": None})  # not a terminal
+    assert res.exit_code == 0, res.output
+    head = res.output.splitlines()[0]
+    assert "least rank" not in head
+    note = " ".join(res.output.split("note: left out to fit 100 columns: ")[1].split())
+    assert note.startswith("least rank, most rank") and "COLUMNS=N" in note, res.output
+    res = CliRunner().invoke(main, ["summary", str(tmp_path)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "least rank" in res.output.splitlines()[0] and "left out" not in res.output
