@@ -468,3 +468,41 @@ def test_summary_into_a_pipe_says_which_columns_it_left_out(tmp_path: Path) -> N
     res = CliRunner().invoke(main, ["summary", str(tmp_path)], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
     assert "least rank" in res.output.splitlines()[0] and "left out" not in res.output
+
+
+# ---- the README a newcomer reads first ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_gives_a_cpu_machine_its_torch_command_and_keeps_the_quickstart() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quickstart", 1)[1]
+    assert (
+        "```bash\n"
+        "pip install -e . && gputrace demo --ranks 2      # the main job: record, write, merge real traces\n"
+        'pip install -e ".[test]" && python -m pytest -q  # the tests\n'
+        "```"
+    ) in quick
+    cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu in quick and quick.index(cpu) < quick.index("`pip install -e .` installs torch")
+
+
+def test_the_demo_on_the_cpu_records_what_the_readme_says(tmp_path: Path) -> None:
+    import torch
+
+    from gputrace import demo
+    from gputrace.trace import registry
+
+    if torch.cuda.is_available():
+        pytest.skip("the README's CPU sentence is about a machine without a GPU")
+    before = torch.get_num_threads()
+    try:
+        path = demo.train(str(tmp_path), 2)
+    finally:
+        torch.set_num_threads(before)
+    names = set(registry.read(path).names)
+    assert {"step", "data", "forward", "block", "backward", "optimizer"} <= names
+    assert "h2d copy" not in names  # the README says only a GPU run has it
+    readme = (ROOT / "README.md").read_text()
+    assert "on a GPU the batch's H2D copy too, on a second\nstream (`h2d copy`, inside `data`)" in readme
