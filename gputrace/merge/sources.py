@@ -247,6 +247,9 @@ class MixedRunsError(MergeError):
     def with_fix(self, fix: str) -> MixedRunsError:
         return MixedRunsError(self.problem, self.stale, fix)
 
+    def __reduce__(self) -> tuple[Any, ...]:  # across a worker process, with its parts
+        return (MixedRunsError, (self.problem, self.stale, self.fix))
+
 
 def _stale_text(stale: list[str]) -> str:
     if not stale:
