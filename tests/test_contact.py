@@ -6,6 +6,7 @@ reported, and the messages that say what to do."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -506,3 +507,40 @@ def test_the_demo_on_the_cpu_records_what_the_readme_says(tmp_path: Path) -> Non
     assert "h2d copy" not in names  # the README says only a GPU run has it
     readme = (ROOT / "README.md").read_text()
     assert "on a GPU the batch's H2D copy too, on a second\nstream (`h2d copy`, inside `data`)" in readme
+
+
+def test_ctrl_c_stops_view_while_clients_keep_connecting() -> None:
+    # Ctrl-C lands while the accept loop starts a connection's thread, as often as this can make
+    # it: the view stops, quietly, every time.
+    sample = ROOT / "samples" / "h200x2-nccl"
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gputrace", "view", str(sample), "--no-browser"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        stop = threading.Event()
+
+        def hammer(port: int, stop: threading.Event) -> None:
+            while not stop.is_set():
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                except OSError:
+                    pass
+
+        try:
+            assert proc.stdout is not None
+            port = int(proc.stdout.readline().split("127.0.0.1:")[1].split("/")[0])
+            clients = [threading.Thread(target=hammer, args=(port, stop), daemon=True) for _ in range(4)]
+            for c in clients:
+                c.start()
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=15)
+        finally:
+            stop.set()
+            proc.kill()
+        assert proc.returncode == 0, err
+        assert out == "gputrace view: stopped\n" and "Exception" not in err and "Traceback" not in err, err

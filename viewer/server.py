@@ -239,9 +239,11 @@ class _Server(http.server.ThreadingHTTPServer):
         self._slots.acquire()
         try:
             super().process_request(request, client_address)
-        except BaseException:  # no thread started: its slot is free again
+        except RuntimeError:  # no thread could be started: its slot is free again
             self._slots.release()
             raise
+        # Anything else (Ctrl-C inside Thread.start) may come after the thread began, and the
+        # thread frees its slot itself: a second release here would raise, and hide the Ctrl-C.
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
