@@ -139,11 +139,16 @@ class TimerRecord:
         self.call_count = self._total_ns = self._last_ns = self._resolved = 0
 
     def summary(self) -> str:
-        """One line: total, average and calls."""
+        """One line: total, average and calls, labelled with the clock that timed them (a CUDA
+        timer times on the host where the recorder has no device: `cuda=False`, or no GPU)."""
         self._settle()
         avg = self._total_ns / self._resolved / 1e6 if self._resolved else 0.0
+        kind = self.timer_type.value
+        rec = record.RECORDER
+        if self.timer_type is TimerType.CUDA and rec is not None and rec.device is None:
+            kind = f"{TimerType.CPU.value}: recorded without CUDA"
         return (
-            f"Timer '{self.name}' ({self.timer_type.value}): {self._total_ns / 1e6:.2f}ms total, "
+            f"Timer '{self.name}' ({kind}): {self._total_ns / 1e6:.2f}ms total, "
             f"{avg:.2f}ms avg, {self.call_count} calls"
         )
 

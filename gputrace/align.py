@@ -100,6 +100,7 @@ class RankAlignment:
     notes: tuple[str, ...] = ()
     device_map: ClockMap | None = None
     device_error_ns: int | None = None
+    measured: bool = True  # False: no offset was measured (no clock sync, --align none): error unknown
 
     @property
     def offset_ns(self) -> int:
@@ -122,6 +123,8 @@ class RankAlignment:
             out["file"] = self.file
         if self.notes:
             out["notes"] = list(self.notes)
+        if not self.measured:
+            out["measured"] = False  # its error_ns of 0 is no error bar: nothing was measured
         return out
 
     def with_notes(self, *notes: str) -> RankAlignment:
@@ -202,7 +205,12 @@ def from_syncs(rank: int, syncs: Iterable[Sync], file: str = "") -> RankAlignmen
         best.append(s)
     if not best:
         return RankAlignment(
-            rank, ClockMap(), 0, file, ("no clock sync recorded: host clocks taken as they are (NTP)",)
+            rank,
+            ClockMap(),
+            0,
+            file,
+            ("no clock sync recorded: host clocks taken as they are (NTP)",),
+            measured=False,
         )
     knots = tuple((s.at_ns, s.offset_ns) for s in best)
     notes: tuple[str, ...] = ()
@@ -231,4 +239,4 @@ def from_collective_ends(ends: Mapping[int, int], name: str, occurrence: int) ->
 
 
 def identity(rank: int, file: str = "", note: str | None = None) -> RankAlignment:
-    return RankAlignment(rank, ClockMap(), 0, file, (note,) if note else ())
+    return RankAlignment(rank, ClockMap(), 0, file, (note,) if note else (), measured=False)

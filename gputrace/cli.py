@@ -113,6 +113,25 @@ def selection_options(*, window: bool = True, skip_steps: bool = True, allow_mix
     return decorate
 
 
+def _mixed_runs_fix(fix: str) -> Callable[[F], F]:
+    """For a command without --allow-mixed: files of different runs are refused with `fix` as
+    the way out, not the --allow-mixed it does not have."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def command(*a: Any, **k: Any) -> Any:
+            from gputrace.merge.sources import MixedRunsError
+
+            try:
+                return fn(*a, **k)
+            except MixedRunsError as e:
+                raise e.with_fix(fix) from None
+
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gputrace")
 def main() -> None:
@@ -276,7 +295,9 @@ def merge(
     """Merge per-rank traces (files, directories or globs) into one aligned timeline; a
     torch.profiler trace of a rank joins that rank."""
     from gputrace import merge as merge_mod
+    from gputrace.trace.files import check_target
 
+    check_target(out)  # before minutes of reading ranks, not after
     meta = merge_mod.merge(
         paths,
         out,
@@ -298,17 +319,28 @@ def merge(
     for rank, a in shown:
         note = "; ".join(a.get("notes", []))
         dev = a.get("device")
+        # No offset measured: an error of 0 would read as exact, so none is shown.
+        offset = (
+            "offset not measured, error unknown"
+            if a.get("measured") is False
+            else f"offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+        )
         click.echo(
-            f"rank {rank}: offset {a['offset_ns'] / 1e3:+.1f} us +- {a['error_ns'] / 1e3:.1f} us"
+            f"rank {rank}: {offset}"
             + (f", device {dev['offset_ns'] / 1e3:+.1f} us +- {dev['error_ns'] / 1e3:.1f} us" if dev else "")
             + (f" ({note})" if note else "")
         )
     if len(shown) < len(per_rank):
         rest = [a for _, a in per_rank[len(shown) :]]
-        lo, hi = min(a["offset_ns"] for a in rest), max(a["offset_ns"] for a in rest)
-        worst = max(a["error_ns"] for a in rest)
-        span = f"offsets {lo / 1e3:+.1f} to {hi / 1e3:+.1f} us, errors up to {worst / 1e3:.1f} us"
-        click.echo(f"... {len(rest)} more ranks: {span}")
+        measured = [a for a in rest if a.get("measured") is not False]
+        parts = []
+        if measured:
+            lo, hi = min(a["offset_ns"] for a in measured), max(a["offset_ns"] for a in measured)
+            worst = max(a["error_ns"] for a in measured)
+            parts.append(f"offsets {lo / 1e3:+.1f} to {hi / 1e3:+.1f} us, errors up to {worst / 1e3:.1f} us")
+        if len(measured) < len(rest):
+            parts.append(f"{len(rest) - len(measured)} with no offset measured (error unknown)")
+        click.echo(f"... {len(rest)} more ranks: {'; '.join(parts)}")
     for note in meta.get("notes", []):
         click.echo(f"note: {note}")
     click.echo(f"wrote {out}")
@@ -319,15 +351,40 @@ def merge(
 @_guard
 def validate(paths: tuple[str, ...]) -> None:
     """Check traces (gputrace's or another tool's, JSON or protobuf) against the rules Perfetto's
-    importer applies; exit 1 if any has errors."""
+    importer applies. Every file is reported; the exit status is 1 if any has errors (a file that
+    cannot be read has, with the reason), 2 if a path names no file."""
+    from gputrace.errors import TraceFormatError
     from gputrace.trace.registry import expand
     from gputrace.validate import format_report, validate_file
 
+    def unreadable(path: str, e: GputraceError) -> str:
+        reason = e.reason if isinstance(e, TraceFormatError) else str(e).removeprefix(f"{path}: ")
+        return f"{getattr(e, 'path', path)}: INVALID: {reason}"
+
     bad = 0
-    for path in expand(paths):
-        report = validate_file(path)
-        click.echo(format_report(report))
-        bad += not report.ok
+    missing = False
+    seen: set[str] = set()
+    for arg in paths:
+        try:
+            found = expand([arg])
+        except GputraceError as e:  # a wrong path: exit 2 (as in every command) once all are reported
+            click.echo(unreadable(arg, e))
+            missing = True
+            continue
+        for path in found:
+            if path in seen:
+                continue
+            seen.add(path)
+            try:
+                report = validate_file(path)
+            except GputraceError as e:
+                click.echo(unreadable(path, e))
+                bad += 1
+                continue
+            click.echo(format_report(report))
+            bad += not report.ok
+    if missing:
+        sys.exit(2)
     if bad:
         sys.exit(1)
 
@@ -345,6 +402,10 @@ def validate(paths: tuple[str, ...]) -> None:
 @click.option("--export", "export", metavar="FILE.html", help="write one self-contained HTML report and exit")
 @selection_options(allow_mixed=False)
 @_guard
+@_mixed_runs_fix(
+    "view one run at a time: move the earlier run's files away or name one run's files (or merge them "
+    "anyway with gputrace merge --allow-mixed, and view the merged file)"
+)
 def view(
     paths: tuple[str, ...],
     port: int,
@@ -355,10 +416,12 @@ def view(
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline."""
-    from gputrace.trace.files import write_atomic
+    from gputrace.trace.files import check_target, write_atomic
     from gputrace.trace.registry import expand
     from gputrace.viewer import data, report, server
 
+    if export:
+        check_target(export)  # before the traces are read, not after
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
     sel = selection

@@ -59,7 +59,7 @@ HOST_ID_ENV = "GPUTRACE_HOST_ID"
 @dataclass(frozen=True)
 class RankInfo:
     rank: int
-    world_size: int
+    world_size: int | None  # None: not known (a rank given as an option, no WORLD_SIZE)
     local_rank: int | None
     source: str  # "torch.distributed", "env" (RANK/WORLD_SIZE), "option", "single process"
 
@@ -76,17 +76,19 @@ def _dist() -> Any:
 
 def rank_info(explicit_rank: int | None = None) -> RankInfo:
     """torch.distributed when initialised, else the torchrun variables, else the explicit
-    option, else a single process (rank 0 of 1)."""
+    option, else a single process (rank 0 of 1). A rank from RANK or the option without
+    WORLD_SIZE has an unknown world size (None), not a guessed one: rank R's guess of R + 1
+    would contradict every other rank's."""
     local = _env_int("LOCAL_RANK")
     dist = _dist()
     if dist is not None:
         return RankInfo(dist.get_rank(), dist.get_world_size(), local, "torch.distributed")
     rank = _env_int("RANK")
     if rank is not None:
-        world = _env_int("WORLD_SIZE") or rank + 1
-        return RankInfo(rank, world, local, "env")
+        return RankInfo(rank, _env_int("WORLD_SIZE"), local, "env")
     if explicit_rank is not None:
-        return RankInfo(explicit_rank, max(explicit_rank + 1, _env_int("WORLD_SIZE") or 1), local, "option")
+        world = _env_int("WORLD_SIZE")
+        return RankInfo(explicit_rank, max(explicit_rank + 1, world) if world else None, local, "option")
     return RankInfo(0, 1, local, "single process")
 
 

@@ -725,7 +725,9 @@ def _device_of(name: str) -> int | None:
 
 def _run_id_from_env(config: Config) -> str | None:
     """An id every rank of one job shares: the option, then the launcher's job id. Without one a
-    multi-rank run gets its id from rank 0 at sync_clocks(); a single process makes its own."""
+    multi-rank run gets its id from rank 0 at sync_clocks(); a single process makes its own. A
+    rank of unknown world size (`enable(rank=r)`, no WORLD_SIZE) has none: with no process group
+    there is no id to share, and an id of rank 0's own would set it apart from the others."""
     if config.run_id:
         return config.run_id
     for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID"):
@@ -733,7 +735,8 @@ def _run_id_from_env(config: Config) -> str | None:
         if value and value != "none":
             step = os.environ.get("SLURM_STEP_ID") if name == "SLURM_JOB_ID" else None
             return f"{value}.{step}" if step else value
-    if rank_info(config.rank).world_size <= 1:
+    world = rank_info(config.rank).world_size
+    if world is not None and world <= 1:
         return uuid.uuid4().hex
     return None
 

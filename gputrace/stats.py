@@ -16,6 +16,7 @@ step), and a collective finds its step by bisection, so nothing is rescanned per
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import sys
@@ -300,6 +301,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         )
         if sum(1 for v in coll_idx.values() if v) > 1:
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
+        notes += _clock_notes(trace, ranks, rank_meta, aligned)
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -466,6 +469,11 @@ def _clock_notes(trace: Trace, ranks: list[int], rank_meta: dict[int, Any], alig
         return [
             f"ranks {_ranges(unsynced)} recorded no clock sync (gputrace.sync_clocks()) and the ranks may be on "
             "several hosts: their arrival order trusts the host clocks (NTP: often 0.1-10 ms apart)"
+        ]
+    if unsynced and len(ranks) > 1:  # said even so: an unsynced run must not pass for a measured one
+        return [
+            f"ranks {_ranges(unsynced)}: clocks not synced (no gputrace.sync_clocks()), so no error bar was "
+            "measured (ranks on one host share its clock)"
         ]
     return []
 
@@ -803,9 +811,10 @@ class _Col:
     shrink: int = 0  # > 0: may be clipped down to this many columns
 
 
-def _grid(cols: list[_Col], width: int) -> list[str]:
+def _grid(cols: list[_Col], width: int, dropped: list[str] | None = None) -> list[str]:
     """Rows of aligned columns that fit `width`: optional columns are dropped (least important
-    first) and clippable ones clipped until they do."""
+    first; their heads added to `dropped`, so the table can say so) and clippable ones clipped
+    until they do."""
     cols = list(cols)
 
     def widths() -> list[int]:
@@ -818,6 +827,8 @@ def _grid(cols: list[_Col], width: int) -> list[str]:
     floor = [min(w, c.shrink) if c.shrink else w for c, w in zip(cols, ws)]
     while total(floor) > width and any(c.keep for c in cols):
         worst = max(range(len(cols)), key=lambda k: (cols[k].keep, k))
+        if dropped is not None and cols[worst].head not in dropped:
+            dropped.append(cols[worst].head)
         del cols[worst], ws[worst], floor[worst]
     over = total(ws) - width
     for k, c in enumerate(cols):
@@ -852,12 +863,15 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def terminal_width() -> int:
-    """The terminal's width when output goes to one, else 100 columns."""
+    """The terminal's width when output goes to one, else $COLUMNS, else 100 columns."""
     try:
         tty = sys.stdout.isatty()
     except (AttributeError, ValueError):
         tty = False
-    return shutil.get_terminal_size((100, 24)).columns if tty else 100
+    if tty:
+        return shutil.get_terminal_size((100, 24)).columns
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else 100
 
 
 def _imbalance(r: NameStats, nranks: int) -> str:
@@ -866,7 +880,7 @@ def _imbalance(r: NameStats, nranks: int) -> str:
     return text if r.ranks >= nranks else f"{text} on {r.ranks}/{nranks}"
 
 
-def _names_grid(rows: list[NameStats], width: int, nranks: int) -> list[str]:
+def _names_grid(rows: list[NameStats], width: int, nranks: int, dropped: list[str] | None = None) -> list[str]:
     multi = nranks > 1
     cols = [
         _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
@@ -884,26 +898,28 @@ def _names_grid(rows: list[NameStats], width: int, nranks: int) -> list[str]:
             _Col("most rank", [f"{fmt_ns(r.max_rank_total_ns)} r{r.max_rank}" for r in rows], keep=6),
             _Col("imbal", [_imbalance(r, nranks) for r in rows], keep=1),
         ]
-    return _grid(cols, width)
+    return _grid(cols, width, dropped)
 
 
 def table(summary: Summary, width: int | None = None, by_rank: bool = False, top: int = 10) -> str:
-    """The summary as text no wider than `width` (default: the terminal's, or 100 columns when
-    output is not a terminal). `by_rank` adds a name table per rank and lists every rank."""
+    """The summary as text no wider than `width` (default: the terminal's, or $COLUMNS or 100
+    columns when output is not a terminal). `by_rank` adds a name table per rank and lists every
+    rank. Columns left out to fit are named in a last note."""
     if width is None:
         width = terminal_width()
     width = max(width, 40)
+    dropped: list[str] = []
     s = summary
     multi = len(s.ranks) > 1
     out: list[str] = []
     if s.names:
-        out += _names_grid(s.names, width, len(s.ranks))
+        out += _names_grid(s.names, width, len(s.ranks), dropped)
     else:
         out.append("no finished spans")
     if by_rank and multi:
         for r, rows in s.by_rank.items():
             out += ["", f"rank {r}"]
-            out += _names_grid(rows, width, 1) if rows else ["  no finished spans"]
+            out += _names_grid(rows, width, 1, dropped) if rows else ["  no finished spans"]
 
     # Per rank: what was left out or lost, steps called slowest, collective attribution.
     co = s.collectives if s.collectives is not None and multi else None
@@ -952,7 +968,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                 _Col("wait caused", [fmt_ns(pr[r].wait_caused_ns) for r in show], keep=1),
                 _Col("wait suffered", [fmt_ns(pr[r].wait_suffered_ns) for r in show], keep=1),
             ]
-        out += _grid(cols, width)
+        out += _grid(cols, width, dropped)
         if hidden:
             out += _wrap(f"({hidden} more ranks with nothing to report; --by-rank lists every rank)", width)
         legend = "skipped: not recorded inside CUDA graph capture"
@@ -981,7 +997,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                     width,
                 )
                 shown = sorted(called, key=lambda v: (-v.margin_ns, v.step))[:top]
-                out += _grid(_verdict_cols(shown), width)
+                out += _grid(_verdict_cols(shown), width, dropped)
                 if len(called) > len(shown):
                     out += _wrap(f"({len(called) - len(shown):,} more steps with a rank called slowest)", width)
             elif st.verdicts:
@@ -1016,12 +1032,19 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                     _Col("longest wait", [_longest_wait(o) for o in longest], keep=1),
                 ],
                 width,
+                dropped,
             )
 
-    if s.notes:
+    if s.notes or dropped:
         out += [""]
         for n in s.notes:
             out += _wrap("note: " + n, width)
+    if dropped:  # never silently: a pipe or a file gets 100 columns unless COLUMNS says more
+        out += _wrap(
+            f"note: left out to fit {width} columns: {', '.join(dropped)}; a wider terminal or COLUMNS=N shows "
+            "them, --json gives every number",
+            width,
+        )
     return "\n".join(_clip(line, width) for line in out)
 
 

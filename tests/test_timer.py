@@ -71,7 +71,7 @@ def test_log_and_log_all_print_on_the_asked_rank(
     timer.log("opt")
     timer.log_all()
     out = capsys.readouterr().out
-    assert out.count("Timer 'opt' (cuda): ") == 2 and "1 calls" in out
+    assert out.count("Timer 'opt' (cpu: recorded without CUDA): ") == 2 and "1 calls" in out  # cuda=False
     monkeypatch.setenv("RANK", "1")
     timer.log("opt")  # rank 0 only, and this is rank 1
     timer.log_all(rank=0)

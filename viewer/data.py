@@ -106,7 +106,7 @@ def document(
             labels.append(trace.rank_process(r).label)
         except KeyError:
             labels.append(f"rank {r}")
-    inputs = [str(p) for p in inputs]
+    inputs = [shown_text(str(p)) for p in inputs]
     return {
         "format": FORMAT,
         "title": title or _title(inputs, ranks),
@@ -125,7 +125,7 @@ def document(
             "by_rank": [[_stat_row(x, base) for x in summary.by_rank.get(r, ())] for r in ranks],
         },
         "counts": [_counts(summary.counts.get(r)) for r in ranks],
-        "notes": list(summary.notes),
+        "notes": [shown_text(n) for n in summary.notes],  # a note may quote a path
         "alignment": _alignment(trace, ranks),
         "timeline": _timeline(trace, summary.steps, base),
     }
@@ -186,6 +186,15 @@ def _timeline(trace: Trace, st: stats.Steps | None, base: int) -> dict[str, Any]
     lo, hi = fit_window(trace, lo, max(hi, lo + 1))
     out["initial"] = [lo - base, hi - base]
     return out
+
+
+def shown_text(text: str) -> str:
+    """`text` as the page can show it: a path's bytes that are not UTF-8 (which Python carries
+    as lone surrogates, and JSON cannot hold) become U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return text.encode("utf-8", "replace").decode()
 
 
 def _title(inputs: list[str], ranks: list[int]) -> str:
@@ -318,7 +327,14 @@ def _alignment(trace: Trace, ranks: list[int]) -> dict[str, Any] | None:
     for r in ranks:
         a = per.get(str(r), per.get(r))
         if isinstance(a, dict):
-            out.append({"offset_ns": a.get("offset_ns"), "error_ns": a.get("error_ns"), "notes": a.get("notes") or []})
+            out.append(
+                {
+                    "offset_ns": a.get("offset_ns"),
+                    "error_ns": a.get("error_ns"),
+                    "measured": a.get("measured") is not False,  # False: no clock sync, error unknown
+                    "notes": a.get("notes") or [],
+                }
+            )
         else:
             out.append(None)
     return {"method": al.get("method"), "per_rank": out}

@@ -11,6 +11,11 @@ Gives: a server bound to 127.0.0.1 that answers
   resolved inside that directory and nothing outside it is served).
 Every page carries a content security policy that allows no other origin than the chosen
 Perfetto UI; requests naming another host (DNS rebinding) are refused.
+
+Connections: a thread each, closed once the client has sent or read nothing for
+`IDLE_TIMEOUT_S` (an idle keep-alive, a half-open socket), at most `MAX_THREADS` at once (the
+next connections wait in a listen backlog of `BACKLOG`, so a burst of clients queues rather than
+waits out the kernel's SYN retries).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import importlib.util
 import mimetypes
 import os
 import re
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -41,6 +47,17 @@ REMOTE_UI = "https://ui.perfetto.dev"
 EMBEDDED = "#!/viewer?mode=embedded&startupCommands=" + urllib.parse.quote(
     '[{"id":"dev.perfetto.ExpandTracksByRegex","args":[".*"]}]', safe=""
 )
+#: Seconds a connection may send or read nothing before the server closes it: one socket
+#: operation's limit (a browser reopens a closed keep-alive connection by itself).
+IDLE_TIMEOUT_S = 20.0
+#: Connections queued by the kernel before the server accepts them (the default of 5 made a
+#: burst of clients wait out SYN retries of 1, 3, 7 and 15 s).
+BACKLOG = 1024
+#: Connections served at once, a thread each; more wait in the backlog for one to finish. High,
+#: because a connection that holds a thread while saying nothing makes the ones behind it wait up
+#: to IDLE_TIMEOUT_S: the cap bounds memory (a waiting thread holds ~25 KB), the timeout
+#: bounds how long.
+MAX_THREADS = 1024
 TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -182,19 +199,64 @@ class Viewer:
         """The trace offered as a download, in pieces."""
         return data.iter_timeline_trace(self.trace, self.base_ns)
 
-    def serve(self, port: int = 0) -> http.server.ThreadingHTTPServer:
-        """A server on 127.0.0.1 (port 0: a free one), not yet serving: call serve_forever()."""
-        handler: type[_Handler] = type("Handler", (_Handler,), {"viewer": self})
+    def serve(
+        self,
+        port: int = 0,
+        *,
+        timeout: float | None = IDLE_TIMEOUT_S,
+        backlog: int = BACKLOG,
+        max_threads: int | None = MAX_THREADS,
+    ) -> http.server.ThreadingHTTPServer:
+        """A server on 127.0.0.1 (port 0: a free one), not yet serving: call serve_forever().
+        `timeout`: seconds a connection may stay silent (None: forever); `backlog`: the listen
+        queue; `max_threads`: connections served at once (None: no limit)."""
+        handler: type[_Handler] = type("Handler", (_Handler,), {"viewer": self, "timeout": timeout})
+        server_class: type[_Server] = type("Server", (_Server,), {"request_queue_size": backlog})
         try:
-            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+            server = server_class(("127.0.0.1", port), handler, max_threads)
         except OSError as e:
             raise GputraceError(
                 f"cannot listen on 127.0.0.1:{port}: {e.strerror or e}; "
                 "choose another --port, or leave it out for a free one"
             ) from None
-        server.daemon_threads = True
         handler.port = server.server_address[1]
         return server
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """A thread per connection, at most `max_threads` at once: the accept loop waits for a free
+    one, and the connections behind it wait in the listen backlog."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[_Handler], max_threads: int | None) -> None:
+        self._slots = threading.BoundedSemaphore(max_threads) if max_threads else None
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self._slots is None:
+            return super().process_request(request, client_address)
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # no thread could be started: its slot is free again
+            self._slots.release()
+            raise
+        # Anything else (Ctrl-C inside Thread.start) may come after the thread began, and the
+        # thread frees its slot itself: a second release here would raise, and hide the Ctrl-C.
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away or fell silent mid-response is no error of the server's, and
+        # the library never prints one.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 class WindowedViewer(Viewer):
@@ -334,7 +396,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            with contextlib.suppress(ConnectionError, TimeoutError):  # the client left or fell silent
                 self.wfile.write(body)
 
     def _stream(self, pieces: Any, filename: str, head: bool) -> None:
@@ -342,6 +404,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        with contextlib.suppress(ConnectionError, TimeoutError):
             for piece in pieces:
                 self.wfile.write(piece)

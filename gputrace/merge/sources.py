@@ -269,6 +269,48 @@ def _complete_header(path: str) -> dict[str, Any] | None:
     return cast("dict[str, Any] | None", complete(path)) if complete is not None else None
 
 
+class MixedRunsError(MergeError):
+    """Files of different runs or world sizes: `problem` says which, `stale` names the files of
+    the earlier run(s), most likely left over from before, and `fix` what to do (a command that
+    has no --allow-mixed gives its own: `with_fix`)."""
+
+    FIX = "merge one run at a time, or pass --allow-mixed"
+
+    def __init__(self, problem: str, stale: list[str], fix: str = FIX) -> None:
+        self.problem = problem
+        self.stale = stale
+        self.fix = fix
+        super().__init__(f"{problem}{_stale_text(stale)}; {fix}")
+
+    def with_fix(self, fix: str) -> MixedRunsError:
+        return MixedRunsError(self.problem, self.stale, fix)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across a worker process, with its parts
+        return (MixedRunsError, (self.problem, self.stale, self.fix))
+
+
+def _stale_text(stale: list[str]) -> str:
+    if not stale:
+        return ""
+    shown = ", ".join(stale[:4]) + (f" and {len(stale) - 4} more" if len(stale) > 4 else "")
+    return f"; {shown} {'is' if len(stale) == 1 else 'are'} of the earlier run (left from before?)"
+
+
+def _earlier(groups: Mapping[Any, list[Source]]) -> list[str]:
+    """The files of every group but the one that started last (by the times the files hold,
+    then by when they were written)."""
+
+    def when(src: Source) -> tuple[int, float]:
+        try:
+            mtime = os.stat(src.path).st_mtime
+        except OSError:
+            mtime = 0.0
+        return (src.start_ns if src.start_ns is not None else -1, mtime)
+
+    latest = max(groups, key=lambda g: max(when(src) for src in groups[g]))
+    return sorted({src.path for g, members in groups.items() if g != latest for src in members})
+
+
 @dataclasses.dataclass
 class Plan:
     """The checked sources in output order, and where each process goes."""
@@ -313,28 +355,32 @@ def plan(sources: list[Source], allow_mixed: bool = False, ranks: frozenset[int]
             owner[r] = s.path
     notes: list[str] = []
 
-    def problem(message: str) -> None:
+    def problem(message: str, groups: Mapping[Any, list[Source]] | None = None) -> None:
         if not allow_mixed:
-            raise MergeError(message + "; merge one run at a time, or pass --allow-mixed")
+            raise MixedRunsError(message, _earlier(groups) if groups else [])
         notes.append(message)
 
     runs: dict[str, list[int]] = {}
+    run_files: dict[str, list[Source]] = {}
     for s in sources:
         for r, run in s.run_ids.items():
             runs.setdefault(run, []).append(r)
+            run_files.setdefault(run, []).append(s)
     if len(runs) > 1:
         desc = "; ".join(
             f"run {run} has rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)} ({owner.get(min(rs), '?')})"
             for run, rs in sorted(runs.items(), key=lambda kv: min(kv[1]))
         )
-        problem(f"these files come from different runs: {desc}")
+        problem(f"these files come from different runs: {desc}", run_files)
     worlds: dict[int, list[str]] = {}
+    world_files: dict[int, list[Source]] = {}
     for s in sources:
         if s.world_size is not None:
             worlds.setdefault(s.world_size, []).append(s.path)
+            world_files.setdefault(s.world_size, []).append(s)
     if len(worlds) > 1:
         desc = "; ".join(f"world size {w} in {', '.join(ps[:3])}" for w, ps in sorted(worlds.items()))
-        problem(f"these files come from runs of different sizes: {desc}")
+        problem(f"these files come from runs of different sizes: {desc}", world_files)
     world = max(worlds) if worlds else None
     if world is not None:
         beyond = sorted((r, s.path) for s in sources for r in [*s.ranks, s.rank] if r is not None and r >= world)

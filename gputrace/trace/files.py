@@ -43,7 +43,10 @@ def atomic_writer(path: str, durable: bool = True, meanwhile: Callable[[], objec
     and a crash leaves no partial trace. `durable`: the data reaches the disk before the rename
     (fsync), so it survives the machine going down too (data that can be made again, such as a
     digest, skips it: an fsync costs milliseconds). `meanwhile`: work to do while the disk
-    syncs (the fsync runs in a thread; it releases the GIL), before the rename."""
+    syncs (the fsync runs in a thread; it releases the GIL), before the rename. A `path` that
+    names something other than a regular file (a device, a FIFO, a directory, a link to one) is
+    refused before anything is written (`check_target`)."""
+    check_target(path)
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -183,8 +186,42 @@ def write_atomic(path: str, data: bytes) -> None:
         f.write(data)
 
 
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def check_target(path: str) -> None:
+    """Raise a `GputraceError` unless `path` is a regular file or names nothing yet (a link is
+    judged by what it points to). A rename over a device would replace it with a regular file
+    (as root, `-o /dev/null` would destroy /dev/null); over a FIFO or a socket, it would cut off
+    whoever reads it."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file (or a link to nothing): the rename makes it
+    except OSError as e:
+        raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
+    except ValueError as e:  # a NUL in the path
+        raise GputraceError(f"cannot write {path!r}: {e}") from None
+    if stat.S_ISREG(mode):
+        return
+    kind = next((what for test, what in _KINDS if test(mode)), "a special file")
+    link = " (through a symbolic link)" if os.path.islink(path) else ""
+    raise GputraceError(
+        f"cannot write {path}: it is {kind}{link}, not a regular file; gputrace writes only regular files, "
+        "so name a new or a regular file"
+    )
+
+
 def publish(tmp: str, path: str) -> None:
-    """Give the temporary file the permissions a new file would have, and rename it over `path`."""
+    """Give the temporary file the permissions a new file would have, and rename it over `path`
+    (refused when `path` has become something other than a regular file: `check_target`)."""
+    check_target(path)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)

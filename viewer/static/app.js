@@ -21,9 +21,19 @@ function facts(doc) {
   parts.push(`${fmtCount(doc.spans)} spans`, fmtNs(doc.duration_ns));
   const al = doc.alignment;
   if (al && al.per_rank) {
-    const errs = al.per_rank.filter((a) => a && typeof a.error_ns === "number").map((a) => a.error_ns);
+    // A rank with no offset measured (no clock sync) has no error bar, not one of 0 ns.
+    const ranks = al.per_rank.filter((a) => a);
+    const unmeasured = ranks.filter((a) => a.measured === false).length;
+    const errs = ranks.filter((a) => a.measured !== false && typeof a.error_ns === "number").map((a) => a.error_ns);
     const method = al.method === "clock" ? "aligned by clock sync" : al.method === "none" ? "host clocks as recorded" : `aligned: ${al.method}`;
-    parts.push(errs.length ? `${method} (error bars up to ±${fmtNs(Math.max(...errs))})` : method);
+    if (unmeasured && unmeasured === ranks.length) {
+      parts.push(al.method === "clock" ? "clocks not synced: host clocks as recorded, error unknown" : `${method}, error unknown`);
+    } else {
+      const bars = errs.length ? `error bars up to ±${fmtNs(Math.max(...errs))}` : "";
+      const unsynced = unmeasured ? `${unmeasured} rank${unmeasured === 1 ? "" : "s"} not synced, error unknown` : "";
+      const detail = [bars, unsynced].filter((x) => x).join("; ");
+      parts.push(detail ? `${method} (${detail})` : method);
+    }
   }
   return parts.join(" · ");
 }

@@ -53,7 +53,7 @@ export function render(doc, element, bus) {
     if (ready) return clearInterval(ping);
     if (Date.now() - started > PONG_TIMEOUT_MS) {
       clearInterval(ping);
-      status.textContent = `the Perfetto UI at ${ui.src.split("#")[0]} did not answer (it may need a network connection); every other view works without it, and the trace can be downloaded.`;
+      status.textContent = `the Perfetto UI at ${ui.src.split("#")[0]} did not answer (it may need a network connection); every other view works without it, and the trace can be downloaded. For a timeline without the network: pip install gputrace[offline] (a local Perfetto UI build), or give one with gputrace view --perfetto-ui DIR|URL.`;
       status.classList.add("error");
       return;
     }
