@@ -353,7 +353,7 @@ def validate(paths: tuple[str, ...]) -> None:
     """Check traces (gputrace's or another tool's, JSON or protobuf) against the rules Perfetto's
     importer applies. Every file is reported; the exit status is 1 if any has errors (a file that
     cannot be read has, with the reason), 2 if a path names no file."""
-    from gputrace.errors import TraceFormatError
+    from gputrace.errors import NotAFile, TraceFormatError
     from gputrace.trace.registry import expand
     from gputrace.validate import format_report, validate_file
 
@@ -368,7 +368,7 @@ def validate(paths: tuple[str, ...]) -> None:
         try:
             found = expand([arg])
         except GputraceError as e:  # a wrong path: exit 2 (as in every command) once all are reported
-            click.echo(unreadable(arg, e))
+            click.echo(unreadable(arg, e), err=True)
             missing = True
             continue
         for path in found:
@@ -377,6 +377,10 @@ def validate(paths: tuple[str, ...]) -> None:
             seen.add(path)
             try:
                 report = validate_file(path)
+            except NotAFile as e:  # a FIFO or a device named as a trace: a wrong path too
+                click.echo(unreadable(path, e), err=True)
+                missing = True
+                continue
             except GputraceError as e:
                 click.echo(unreadable(path, e))
                 bad += 1

@@ -20,6 +20,11 @@ class TraceFormatError(GputraceError):
         self.reason = reason
 
 
+class NotAFile(TraceFormatError):
+    """A path that names no trace file at all (missing, a directory, a FIFO, a device): a wrong
+    argument rather than a damaged trace."""
+
+
 class MergeError(GputraceError):
     """Traces that cannot be merged as asked (a duplicate or missing rank, nothing to merge...)."""
 

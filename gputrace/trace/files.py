@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gputrace import native
-from gputrace.errors import GputraceError, TraceFormatError
+from gputrace.errors import GputraceError, NotAFile, TraceFormatError
 
 if TYPE_CHECKING:
     from gputrace.trace.model import Process
@@ -236,15 +236,15 @@ def open_regular(path: str) -> BinaryIO:
         # O_NONBLOCK: opening a FIFO with no writer must not block; nothing is read before the check.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise TraceFormatError(path, "no such file") from None
+        raise NotAFile(path, "no such file") from None
     except IsADirectoryError:
-        raise TraceFormatError(path, "is a directory, not a trace file") from None
+        raise NotAFile(path, "is a directory, not a trace file") from None
     except OSError as e:
         raise TraceFormatError(path, e.strerror or str(e)) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise TraceFormatError(
+            raise NotAFile(
                 path, "is a directory, not a trace file" if stat.S_ISDIR(mode) else "not a regular file"
             )
         os.set_blocking(fd, True)
