@@ -24,7 +24,6 @@ digest (`digest.TraceDigest`) while it reaches the disk.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import os
 import signal
@@ -33,7 +32,7 @@ import statistics
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from gputrace import record
@@ -189,24 +188,18 @@ class Session:
                 self._append(rec)
         return n
 
-    @contextlib.contextmanager
-    def _critical(self) -> Iterator[list[bool]]:
+    def _critical(self) -> _Critical:
         """The session's lock, for a flush, save or reset of this thread. A signal caught inside
         (in the main thread) is handled when the outermost one ends: the file is whole by then.
         The block appends True to the list it is given once it has finished the trace (a save),
-        so that the signal's handler need not write it again."""
-        inside = self._inside
-        depth = getattr(inside, "depth", 0)
-        inside.depth = depth + 1
-        done: list[bool] = []
-        try:
-            with self.lock:
-                yield done
-        finally:
-            inside.depth = depth
-            if depth == 0 and self._deferred is not None and threading.current_thread() is threading.main_thread():
-                deferred, self._deferred = self._deferred, None
-                self._handle_signal(*deferred, write=not done)
+        so that the signal's handler need not write it again. A class, not a generator: a flush
+        a step pays for it."""
+        return _Critical(self)
+
+    def _after_critical(self, done: list[bool]) -> None:
+        if self._deferred is not None and threading.current_thread() is threading.main_thread():
+            deferred, self._deferred = self._deferred, None
+            self._handle_signal(*deferred, write=not done)
 
     def _sample_memory(self, rec: Recorder) -> None:
         if rec.device is None:
@@ -669,6 +662,34 @@ class Session:
         elif callable(previous):
             previous(signum, frame)
         # SIG_IGN: ignored, as before
+
+
+class _Critical:
+    """`Session._critical()`'s context: this thread's depth of flush/save/reset, then the lock."""
+
+    __slots__ = ("session", "depth", "done")
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.done: list[bool] = []
+
+    def __enter__(self) -> list[bool]:
+        inside = self.session._inside
+        self.depth = depth = getattr(inside, "depth", 0)
+        inside.depth = depth + 1
+        try:
+            self.session.lock.acquire()
+        except BaseException:
+            inside.depth = depth
+            raise
+        return self.done
+
+    def __exit__(self, *exc: object) -> None:
+        session = self.session
+        session.lock.release()
+        session._inside.depth = self.depth
+        if self.depth == 0 and session._deferred is not None:
+            session._after_critical(self.done)
 
 
 def _cuda_available() -> bool:
