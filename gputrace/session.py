@@ -381,7 +381,6 @@ class Session:
         stream.unwritten_told = self.unwritten
         for sink in self.sinks[1:]:
             sink.add(trace, update)
-        stream.counts = (rec.store.dropped, rec.skipped_in_capture)
         self.counters = CounterColumns()
 
     def _unwritable(self, rec: Recorder, stream: Any, error: BaseException, spans: int) -> None:
