@@ -145,6 +145,7 @@ class RankCounts:
     dropped: int | None  # lost by the recorder (its span limit); None when the trace does not say
     skipped_in_capture: int | None  # not recorded inside CUDA graph capture; None when not said
     warmup: int  # left out by skip_steps (they start before the rank's first kept step)
+    unwritten: int | None = None  # recorded, but the stream's file could not take them (a full disk)
 
 
 @dataclass(frozen=True)
@@ -316,10 +317,17 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
             _int_or_none(meta.get("spans_dropped")),
             _int_or_none(meta.get("spans_skipped_in_cuda_graph_capture")),
             warmup[s],
+            _int_or_none(meta.get("spans_unwritten")),
         )
     dropped = sum(c.dropped or 0 for c in counts.values())
     if dropped:
         notes.append(f"{dropped:,} spans were dropped by the recorder (its span limit) and are not in the trace")
+    unwritten = {r: c.unwritten for r, c in counts.items() if c.unwritten}
+    if unwritten:
+        notes.append(
+            f"{sum(unwritten.values()):,} spans of ranks {_ranges(sorted(unwritten))} were recorded but their "
+            "file could not take them (a full disk or a file size limit while streaming) and are not in the trace"
+        )
     return Summary(ranks, all_rows, by_rank, steps, collectives, counts, notes)
 
 
@@ -675,6 +683,19 @@ def _stats_json(r: NameStats) -> dict[str, Any]:
     }
 
 
+def _counts_json(c: RankCounts) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "spans": c.spans,
+        "unfinished": c.unfinished,
+        "dropped": c.dropped,
+        "skipped_in_capture": c.skipped_in_capture,
+        "warmup": c.warmup,
+    }
+    if c.unwritten is not None:  # traces that can say (streamed since unwritten spans were counted)
+        out["unwritten"] = c.unwritten
+    return out
+
+
 def to_json(summary: Summary) -> dict[str, Any]:
     """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
     key = {r: str(r) for r in summary.ranks}
@@ -686,16 +707,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "ranks": summary.ranks,
         "names": [_stats_json(r) for r in summary.names],
         "by_rank": {key[r]: [_stats_json(x) for x in rows] for r, rows in summary.by_rank.items()},
-        "counts": {
-            key[r]: {
-                "spans": c.spans,
-                "unfinished": c.unfinished,
-                "dropped": c.dropped,
-                "skipped_in_capture": c.skipped_in_capture,
-                "warmup": c.warmup,
-            }
-            for r, c in summary.counts.items()
-        },
+        "counts": {key[r]: _counts_json(c) for r, c in summary.counts.items()},
         "steps": None,
         "collectives": None,
         "notes": summary.notes,
@@ -925,7 +937,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
     co = s.collectives if s.collectives is not None and multi else None
     st = s.steps
     c = s.counts
-    anomalies = [r for r in s.ranks if c[r].unfinished or c[r].dropped or c[r].skipped_in_capture]
+    anomalies = [r for r in s.ranks if c[r].unfinished or c[r].dropped or c[r].skipped_in_capture or c[r].unwritten]
     show = list(s.ranks)
     hidden = 0
     if len(show) > 16 and not by_rank:

@@ -293,6 +293,14 @@ def test_a_full_disk_while_streaming_is_one_warning_and_counted_spans(tmp_path: 
     )
     assert steps[:20] == list(range(20)) and steps[-20:] == list(range(40, 60))
     assert not temps(tmp_path)
+    # The summary says what the trace lacks, per rank and in words.
+    from gputrace import stats
+
+    summary = stats.summarize(t)
+    assert stats.to_json(summary)["counts"]["0"]["unwritten"] == unwritten
+    assert any(
+        f"{unwritten:,} spans of ranks 0 were recorded but their file could not take them" in n for n in summary.notes
+    )
 
 
 # ---- 2. threads recording while another flushes, saves and resets ------------------------------
