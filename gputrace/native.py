@@ -72,6 +72,18 @@ def use(c: bool) -> None:
         raise
 
 
+def check_layout(hot: ModuleType, attribute: str, ours: object, what: str) -> None:
+    """Raise ImportError unless the C build's `attribute` (the layout it was compiled to read) is
+    `ours`, the layout declared in Python: a stale build fails at import, loudly, not mid-run."""
+    theirs = getattr(hot, attribute, None)
+    if theirs != ours:
+        raise ImportError(
+            f"gputrace's C build ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
+            f"{what} {theirs!r}, this gputrace declares {ours!r}; rebuild it with `pip install -e .` "
+            "(or set GPUTRACE_PURE_PYTHON=1)"
+        )
+
+
 @contextmanager
 def using(c: bool) -> Iterator[None]:
     """`use(c)` for the block, then back to what was in use before."""

@@ -840,25 +840,12 @@ HOT_UNUSED_BECAUSE: str | None = None
 
 def check_hot_layout(hot: Any) -> None:
     """Raise ImportError unless the C build `hot` reads the `HotState` declared here."""
-    theirs = getattr(hot, "LAYOUT", None)
-    ours = (HOT_LAYOUT, HotState.__slots__)
-    if theirs != ours:
-        raise ImportError(
-            f"gputrace's C hot path ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
-            f"hot-state layout {theirs!r}, this gputrace declares {ours!r}; rebuild it with `pip install -e .` "
-            "(or set GPUTRACE_PURE_PYTHON=1)"
-        )
+    native.check_layout(hot, "LAYOUT", (HOT_LAYOUT, HotState.__slots__), "hot-state layout")
 
 
 def check_stack_layout(hot: Any) -> None:
     """Raise ImportError unless the C build `hot` reads the stacks as STACK_LAYOUT declares."""
-    theirs = getattr(hot, "STACK_LAYOUT", None)
-    if theirs != STACK_LAYOUT:
-        raise ImportError(
-            f"gputrace's C hot path ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
-            f"stacks as {theirs!r}, this gputrace declares {STACK_LAYOUT!r}; rebuild it with `pip install -e .` "
-            "(or set GPUTRACE_PURE_PYTHON=1)"
-        )
+    native.check_layout(hot, "STACK_LAYOUT", STACK_LAYOUT, "stacks as")
 
 
 _hot: Any = None  # the C build in use (gputrace.native decides), or None: the Python twin

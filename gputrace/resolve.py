@@ -248,14 +248,7 @@ def layout_missing() -> list[tuple[str, str]]:
 
 def check_resolve_layout(hot: Any) -> None:
     """Raise ImportError unless the C build `hot` reads what RESOLVE_LAYOUT declares."""
-    theirs = getattr(hot, "RESOLVE_LAYOUT", None)
-    ours = (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT)
-    if theirs != ours:
-        raise ImportError(
-            f"gputrace's C build ({getattr(hot, '__file__', '_hot')}) was built from other sources: it reads "
-            f"resolve layout {theirs!r}, this gputrace declares {ours!r}; rebuild it with `pip install -e .` "
-            "(or set GPUTRACE_PURE_PYTHON=1)"
-        )
+    native.check_layout(hot, "RESOLVE_LAYOUT", (RESOLVE_LAYOUT_VERSION, RESOLVE_LAYOUT), "resolve layout")
 
 
 _resolve_c: Any = None  # the C loop for the C hot path's spans (same rows, ids and results as resolve_py)

@@ -94,10 +94,11 @@ def test_a_signal_inside_save_lets_the_save_finish(tmp_path: Path, fmt: str, sig
     assert (tmp_path / "digest_rank0.digest").exists()
 
 
-def test_sigterm_sent_while_a_large_save_is_under_way(tmp_path: Path) -> None:
-    """No hook: the signal comes from outside, the moment the save's temp file appears."""
+def _saving_child(tmp_path: Path, steps: int) -> subprocess.Popen[str]:
+    """A child that records `steps` steps and saves them (JSON), returned once its save's temp
+    file is on disk (or it has ended)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SAVE_CHILD), str(tmp_path), "json", "6000", "SIGTERM", "no"],
+        [sys.executable, "-c", textwrap.dedent(SAVE_CHILD), str(tmp_path), "json", str(steps), "SIGTERM", "no"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -108,6 +109,12 @@ def test_sigterm_sent_while_a_large_save_is_under_way(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while not temps(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.0005)
+    return proc
+
+
+def test_sigterm_sent_while_a_large_save_is_under_way(tmp_path: Path) -> None:
+    """No hook: the signal comes from outside, the moment the save's temp file appears."""
+    proc = _saving_child(tmp_path, 6000)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode in (-signal.SIGTERM, 0), err
@@ -181,18 +188,7 @@ def test_dumps_never_raises() -> None:
 
 
 def test_the_next_save_removes_the_temp_file_of_a_killed_save(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(SAVE_CHILD), str(tmp_path), "json", "4000", "SIGTERM", "no"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "saving"
-    deadline = time.monotonic() + 60
-    while not temps(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.0005)
+    proc = _saving_child(tmp_path, 4000)
     proc.kill()
     proc.communicate(timeout=60)
     left = temps(tmp_path)
