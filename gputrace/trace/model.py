@@ -57,9 +57,13 @@ class Track:
 
 class SpanColumns:
     """Spans, one column per field: name (index into `Trace.names`), track (index into
-    `Trace.tracks`), start and end (epoch ns, [start, end)), args (a dict or None each), cat."""
+    `Trace.tracks`), start and end (epoch ns, [start, end)), args (a dict or None each), cat.
 
-    __slots__ = ("name", "track", "start", "end", "args", "cat")
+    `entry` is optional: None, or one epoch ns per span of the host moment the span was entered
+    (CUDA spans: when the host queued its start event; 0 where not known). A stage that keeps a
+    subset of spans keeps the same subset of `entry` when it is not None."""
+
+    __slots__ = ("name", "track", "start", "end", "args", "cat", "entry")
 
     def __init__(self) -> None:
         self.name = array("l")
@@ -68,6 +72,7 @@ class SpanColumns:
         self.end = array("q")
         self.args: list[dict[str, Any] | None] = []
         self.cat: list[str | None] = []
+        self.entry: array[int] | None = None
 
     def __len__(self) -> int:
         return len(self.start)
