@@ -94,21 +94,65 @@ static int item_ll(PyObject *list, Py_ssize_t i, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* The source of a span's launch arrow, as chrome.launch_event writes it (without its separator):
+ * a zero-length slice on the launch track at the host entry, or 1 ns before the span where the
+ * entry is not before it (never before the base), the exact entry then as its argument. */
+static int put_launch(Buf *b, const char *name, size_t namen, long long pid, long long tid, long long entry,
+                      long long start, long long base, long long flow) {
+    long long at = entry < start - 1 ? entry : start - 1;
+    if (at < base) at = base;
+    if (buf_reserve(b, 160 + namen) < 0) return -1;
+    RAW_LIT(b, "{\"ph\":\"X\",\"cat\":\"launch\",\"name\":");
+    raw_put(b, name, namen);
+    RAW_LIT(b, ",\"pid\":");
+    raw_u(b, (unsigned long long)pid);
+    RAW_LIT(b, ",\"tid\":");
+    raw_u(b, (unsigned long long)tid);
+    RAW_LIT(b, ",\"ts\":");
+    raw_us(b, (unsigned long long)(at - base));
+    RAW_LIT(b, ",\"dur\":0.000,\"bind_id\":");
+    raw_u(b, (unsigned long long)flow);
+    RAW_LIT(b, ",\"flow_out\":true");
+    if (at != entry) {
+        RAW_LIT(b, ",\"args\":{\"entry_ns\":");
+        raw_u(b, (unsigned long long)entry);
+        RAW_LIT(b, "}");
+    }
+    RAW_LIT(b, "}");
+    return 0;
+}
+
+/* The span's end of its launch arrow. */
+static int put_flow_in(Buf *b, long long flow) {
+    if (buf_reserve(b, 64) < 0) return -1;
+    RAW_LIT(b, ",\"bind_id\":");
+    raw_u(b, (unsigned long long)flow);
+    RAW_LIT(b, ",\"flow_in\":true");
+    return 0;
+}
+
 PyDoc_STRVAR(encode_events_doc,
-             "encode_events($module, name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json, /)\n--\n\n"
-             "The X events of a trace, comma-separated JSON, ts/dur as exact decimals of integer ns.");
+             "encode_events($module, name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json, entries=None, launch_tid=0, first_flow=0, /)\n--\n\n"
+             "The X events of a trace, comma-separated JSON, ts/dur as exact decimals of integer ns; with\n"
+             "`entries` (host entry ns per row, 0: none), each span with one gets its launch arrow.");
 
 /* encode_events(name_json, name_idx, cats, track_idx, lanes, tid_base, pid, starts, ends, base, args_json)
  * -> the X events, comma-separated, ts/dur as exact decimals of integer ns (as the Python twin). */
 static PyObject *hot_encode_events(PyObject *self, PyObject *args) {
     PyObject *name_json, *name_idx, *cats, *track_idx, *lanes, *tid_base, *starts, *ends, *args_json;
-    long long pid, base;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!LO!O!LO!", &PyList_Type, &name_json, &PyList_Type, &name_idx,
+    PyObject *entries = Py_None;
+    long long pid, base, launch_tid = 0, flow = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!LO!O!LO!|OLL", &PyList_Type, &name_json, &PyList_Type, &name_idx,
                           &PyList_Type, &cats, &PyList_Type, &track_idx, &PyList_Type, &lanes, &PyList_Type, &tid_base,
-                          &pid, &PyList_Type, &starts, &PyList_Type, &ends, &base, &PyList_Type, &args_json))
+                          &pid, &PyList_Type, &starts, &PyList_Type, &ends, &base, &PyList_Type, &args_json, &entries,
+                          &launch_tid, &flow))
         return NULL;
     PyObject *tids = lanes;
     Py_ssize_t n = PyList_Size(starts);
+    if (entries != Py_None && (!PyList_Check(entries) || PyList_Size(entries) != n)) {
+        PyErr_SetString(PyExc_ValueError, "encode_events: entries must be a list, one per span");
+        return NULL;
+    }
     if (PyList_Size(ends) != n || PyList_Size(name_idx) != n || PyList_Size(track_idx) != n ||
         PyList_Size(tids) != n || PyList_Size(args_json) != n) {
         PyErr_SetString(PyExc_ValueError, "encode_events: columns of different lengths");
@@ -130,7 +174,16 @@ static PyObject *hot_encode_events(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "encode_events: a span starts before the base or ends before it starts");
             goto fail;
         }
-        if ((i && buf_put(&b, ",", 1) < 0) || PUT_LIT(&b, "{\"ph\":\"X\",\"cat\":") < 0 || buf_bytes(&b, cat) < 0 ||
+        long long en = 0;
+        if (entries != Py_None && item_ll(entries, i, &en) < 0) goto fail;
+        if (en > 0) {
+            char *nmp;
+            Py_ssize_t nmn;
+            if (PyBytes_AsStringAndSize(nm, &nmp, &nmn) < 0) goto fail;
+            if ((i && buf_put(&b, ",", 1) < 0) || put_launch(&b, nmp, (size_t)nmn, pid, launch_tid, en, s, base, flow) < 0)
+                goto fail;
+        }
+        if (((i || en > 0) && buf_put(&b, ",", 1) < 0) || PUT_LIT(&b, "{\"ph\":\"X\",\"cat\":") < 0 || buf_bytes(&b, cat) < 0 ||
             PUT_LIT(&b, ",\"name\":") < 0 || buf_bytes(&b, nm) < 0)
             goto fail;
         if (PUT_LIT(&b, ",\"pid\":") < 0 || put_u(&b, (unsigned long long)pid) < 0 || PUT_LIT(&b, ",\"tid\":") < 0 ||
@@ -139,6 +192,7 @@ static PyObject *hot_encode_events(PyObject *self, PyObject *args) {
             put_us(&b, (unsigned long long)dur) < 0)
             goto fail;
         if (a != Py_None && (PUT_LIT(&b, ",\"args\":") < 0 || buf_bytes(&b, a) < 0)) goto fail;
+        if (en > 0 && put_flow_in(&b, flow++) < 0) goto fail;
         if (buf_put(&b, "}", 1) < 0) goto fail;
     }
     PyObject *out = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
@@ -518,19 +572,28 @@ PyDoc_STRVAR(encode_rows_doc,
              "The X events of one piece whose spans all lie on lane 0 of their track, from the columns\n"
              "(array.array 'l', 'l', 'q', 'q'; `args` a list): each event followed by `,\\n`. `track_info(t)`\n"
              "gives (tid, cat JSON) of each track, asked once per track in the order the tracks first\n"
-             "appear; `dump(args)` gives an args dict's JSON.");
+             "appear; `dump(args)` gives an args dict's JSON. With `entry` (array 'q' of host entry ns, 0:\n"
+             "none), `launch_tid` and `first_flow`, each span with an entry gets its launch arrow.");
 
 static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
-    PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *track_info;
-    long long pid, base;
-    if (!PyArg_ParseTuple(args, "O!OOOOO!OOLL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
-                          &PyList_Type, &argl, &dump, &track_info, &pid, &base))
+    PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *track_info, *entry_a = Py_None;
+    long long pid, base, launch_tid = 0, flow = 0;
+    if (!PyArg_ParseTuple(args, "O!OOOOO!OOLL|OLL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
+                          &PyList_Type, &argl, &dump, &track_info, &pid, &base, &entry_a, &launch_tid, &flow))
         return NULL;
-    Py_ssize_t n, n0, n1, n2;
+    Py_ssize_t n, n0, n1, n2, n3 = 0;
     PyObject *nb = gt_array_bytes(names_a, sizeof(long), &n0);
     PyObject *tb = nb ? gt_array_bytes(tracks_a, sizeof(long), &n) : NULL;
     PyObject *sb = tb ? gt_array_bytes(starts_a, sizeof(long long), &n1) : NULL;
     PyObject *eb = sb ? gt_array_bytes(ends_a, sizeof(long long), &n2) : NULL;
+    PyObject *xb = NULL; /* the entries, when given */
+    if (eb && entry_a != Py_None) {
+        xb = gt_array_bytes(entry_a, sizeof(long long), &n3);
+        if (!xb) {
+            Py_DECREF(eb);
+            eb = NULL;
+        }
+    }
     PyObject *result = NULL;
     Buf b = {NULL, 0, 0}, pre = {NULL, 0, 0}; /* pre: the start of the last event (its name and track) */
     long pre_name = -1, pre_track = -1;
@@ -538,10 +601,11 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     PyObject **catv = NULL;
     long ntr = 0;
     if (!eb) goto done;
-    if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n) {
+    if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n || (xb && n3 != n)) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
         goto done;
     }
+    const long long *ent = xb ? (const long long *)PyBytes_AsString(xb) : NULL;
     const long *nm = (const long *)PyBytes_AsString(nb);
     const long *tr = (const long *)PyBytes_AsString(tb);
     const long long *st = (const long long *)PyBytes_AsString(sb);
@@ -604,6 +668,14 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
             pre_name = nm[i];
             pre_track = tr[i];
         }
+        if (ent && ent[i] > 0) {
+            char *name;
+            Py_ssize_t namen;
+            if (PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0 ||
+                put_launch(&b, name, (size_t)namen, pid, launch_tid, ent[i], st[i], base, flow) < 0 ||
+                PUT_LIT(&b, ",\n") < 0)
+                goto done;
+        }
         /* the start, two numbers (at most 24 bytes each) and the literals after them */
         if (buf_reserve(&b, pre.len + 80) < 0) goto done;
         raw_put(&b, pre.p, pre.len);
@@ -620,6 +692,7 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
             Py_DECREF(j);
             if (r) goto done;
         }
+        if (ent && ent[i] > 0 && put_flow_in(&b, flow++) < 0) goto done;
         if (PUT_LIT(&b, "},\n") < 0) goto done;
     }
     result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
@@ -634,6 +707,7 @@ done:
     Py_XDECREF(tb);
     Py_XDECREF(sb);
     Py_XDECREF(eb);
+    Py_XDECREF(xb);
     return result;
 }
 

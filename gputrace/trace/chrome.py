@@ -43,10 +43,16 @@ from gputrace.errors import TraceFormatError
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, read_head, writes_behind
 from gputrace.trace.layout import (
     CUDA_TRACK,
+    ENTRY_ARG,
+    LAUNCH_CAT,
+    LAUNCH_SORT,
+    LAUNCH_TRACK,
     ProcessLayout,
     is_columns,
     lane_name,
     lane_sort,
+    launch_at,
+    launch_rows,
     pid_key,
     plan_write,
     update_header,
@@ -334,6 +340,8 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     x_args: list[dict[str, Any] | None] = []
     x_cat: list[str | None] = []
     plain_cats = ("cuda", "cpu", None)
+    launches: list[dict[str, Any]] = []  # the sources of launch arrows (gputrace's own files)
+    flows_in: list[tuple[int, Any]] = []  # (X row, bind_id) of spans that end an arrow
     for e in events:
         if type(e) is not dict:
             continue
@@ -350,6 +358,11 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             except (ValueError, OverflowError):
                 continue
             cat = e.get("cat")
+            if "bind_id" in e:
+                if cat == LAUNCH_CAT and (own or merged):
+                    launches.append(e)
+                    continue
+                flows_in.append((len(x_start), e["bind_id"]))
             try:
                 t = track_index.get((e.get("pid"), e.get("tid")))
             except TypeError:
@@ -414,6 +427,7 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
                     extra["dur_ns"] = dur
             extra["process"] = process_of(extra.pop("pid", None))
             trace.extra.append(extra)
+    x_entry = _launch_entries(launches, flows_in, len(x_start), base) if launches else None
     try:
         x_starts, x_ends = array("q", x_start), array("q", x_end)
     except OverflowError:  # times past 64 bits of ns: those spans cannot be placed
@@ -421,7 +435,11 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
         x_name, x_track = [x_name[i] for i in keep], [x_track[i] for i in keep]
         x_args, x_cat = [x_args[i] for i in keep], [x_cat[i] for i in keep]
         x_starts, x_ends = array("q", [x_start[i] for i in keep]), array("q", [x_end[i] for i in keep])
+        x_entry = array("q", [x_entry[i] for i in keep]) if x_entry is not None else None
+    before = len(spans)
     spans.extend(x_name, x_track, x_starts, x_ends, x_args, x_cat)
+    if x_entry is not None:
+        spans.entry = array("q", bytes(8 * before)) + x_entry
     # Processes that only named themselves still exist (a rank that recorded nothing).
     for pid in proc_name:
         if pid not in proc_index and pid is not None:
@@ -429,6 +447,32 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
     if own and not merged and file_rank is not None and not trace.processes:
         process_of(file_rank + 1)
     return trace
+
+
+def _launch_entries(launches: list[dict[str, Any]], flows_in: list[tuple[int, Any]], n: int, base: int) -> array[int]:
+    """The `entry` column of the file's X spans (`n` of them) from the launch arrows' sources
+    (see layout.py): each source's exact entry (its `entry_ns` argument, else its time), given
+    to the span whose `flow_in` has its `bind_id`; 0 for every other span. A source without its
+    span (a file cut between the two lines) is dropped."""
+    at: dict[Any, int] = {}
+    for e in launches:
+        a = e.get("args")
+        exact = a.get(ENTRY_ARG) if type(a) is dict else None
+        ns = exact if type(exact) is int and exact > 0 else _ns(base, e.get("ts"))
+        try:
+            if ns is not None and ns > 0:
+                at[e["bind_id"]] = ns
+        except TypeError:  # a bind_id that is not an id (a list): no arrow
+            continue
+    entry = array("q", bytes(8 * n))
+    for row, flow in flows_in:
+        try:
+            ns = at.get(flow)
+        except TypeError:
+            continue
+        if ns is not None:
+            entry[row] = ns
+    return entry
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -507,6 +551,16 @@ class ProcessWriter(ProcessLayout):
             % (self.pid, tid, lane_sort(t, lane))
         )
 
+    def describe_launch(self, tid: int, out: list[bytes]) -> None:
+        out.append(
+            b'{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}},\n'
+            % (self.pid, tid, dumps(LAUNCH_TRACK))
+        )
+        out.append(
+            b'{"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}},\n'
+            % (self.pid, tid, LAUNCH_SORT)
+        )
+
     def process_events(self) -> bytes:
         p = self.process
         return b'{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}},\n' % (
@@ -532,6 +586,7 @@ def encode_spans(
     if not rows:
         return
     sp = trace.spans
+    entry = sp.entry
     if _encode_rows is not None and type(rows) is range and rows.step == 1 and isinstance(sp.cat, _NoCats):
         lo, hi = rows.start, rows.stop
         starts_a, ends_a, tracks_a = sp.start[lo:hi], sp.end[lo:hi], sp.track[lo:hi]  # copies at C speed
@@ -547,6 +602,9 @@ def encode_spans(
     if lanes is None:
         lanes = writer.layout.place(tracks, starts, ends)
     meta: list[bytes] = []
+    flows = launch_rows(entry, rows)  # positions of the spans drawn with a launch arrow
+    launch_tid = writer.launch_tid(meta) if flows else 0
+    first_flow = writer.flow_ids(len(flows)) if flows else 0
     keys = list(zip(tracks, lanes))
     slot_of: dict[tuple[int, int], int] = {}
     tid_list: list[int] = []
@@ -564,6 +622,7 @@ def encode_spans(
     if _encode_events is not None and (isinstance(cats, _NoCats) or all(cats[i] is None for i in rows)):
         # The C encoder (it refuses a span before the base or ending before it starts): each
         # row's "track" is its (track, lane)'s slot here, its lane 0.
+        launch = ([entry[i] for i in rows], launch_tid, first_flow) if flows and entry is not None else ()
         body = _encode_events(
             name_json,
             [sp.name[i] for i in rows],
@@ -576,6 +635,7 @@ def encode_spans(
             ends,
             base_ns,
             _args_json([sp.args[i] for i in rows]),
+            *launch,
         )
         # One event a line (a cut file loses only its last line): `},{"ph"` occurs only between
         # events, as JSON strings escape their quotes.
@@ -586,14 +646,20 @@ def encode_spans(
     tids = [tid_list[slot_of[k]] for k in keys]
     pid = writer.pid
     default_cat = {t: (b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"') for t in set(tracks)}
+    flow_of = {j: first_flow + k for k, j in enumerate(flows)}
     lines = []
     for j, i in enumerate(rows):
         s, e = starts[j], ends[j]
         ts, dur = s - base_ns, e - s
         cat = cats[i]
         a = sp.args[i]
+        flow = b""
+        if flows and j in flow_of:
+            assert entry is not None
+            lines.append(launch_event(name_json[sp.name[i]], pid, launch_tid, entry[i], s, base_ns, flow_of[j]))
+            flow = b',"bind_id":%d,"flow_in":true' % flow_of[j]
         lines.append(
-            b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d%s},\n'
+            b'{"ph":"X","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d%s%s},\n'
             % (
                 dumps(cat) if cat is not None else default_cat[tracks[j]],
                 name_json[sp.name[i]],
@@ -604,9 +670,28 @@ def encode_spans(
                 dur // 1000,
                 dur % 1000,
                 (b',"args":' + dumps(a)) if a else b"",
+                flow,
             )
         )
     out.append(b"".join(lines))
+
+
+def launch_event(name: bytes, pid: int, tid: int, entry: int, start: int, base_ns: int, flow: int) -> bytes:
+    """The source of a span's launch arrow (see layout.py's "launch arrows"): a zero-length
+    slice named as the span on the launch track, its exact entry as an argument where it is not
+    drawn at the entry."""
+    at = launch_at(entry, start, base_ns)
+    ts = at - base_ns
+    return b'{"ph":"X","cat":"%s","name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":0.000,"bind_id":%d,"flow_out":true%s},\n' % (
+        LAUNCH_CAT.encode(),
+        name,
+        pid,
+        tid,
+        ts // 1000,
+        ts % 1000,
+        flow,
+        b',"args":{"%s":%d}' % (ENTRY_ARG.encode(), entry) if at != entry else b"",
+    )
 
 
 def _encode_piece(
@@ -624,6 +709,14 @@ def _encode_piece(
     columns: the same bytes as the loops there."""
     sp = trace.spans
     meta: list[bytes] = []
+    launch: tuple[Any, ...] = ()
+    if sp.entry is not None:
+        entry = sp.entry[lo:hi]
+        n = len(entry) - entry.count(0)
+        if n and min(entry) < 0:  # not a time: counted as the loops count it (no arrow)
+            n = sum(map((0).__lt__, entry))
+        if n:  # the launch track is asked for first, as in encode_spans' loop
+            launch = (entry, writer.launch_tid(meta), writer.flow_ids(n))
 
     def track_info(t: int) -> tuple[int, bytes]:  # asked in the order the tracks first appear
         return writer.tid(trace, t, 0, meta), b'"cuda"' if trace.tracks[t].kind == "cuda" else b'"cpu"'
@@ -635,9 +728,9 @@ def _encode_piece(
     args = sp.args[lo:hi]
     enc = (name_json, sp.name[lo:hi], tracks, starts, ends, args)
     try:  # as _args_json: orjson for every args dict, or the cleaning dumps for all when one fails
-        body = _encode_rows(*enc, _orjson_args, track_info, writer.pid, base_ns)
+        body = _encode_rows(*enc, _orjson_args, track_info, writer.pid, base_ns, *launch)
     except (TypeError, orjson.JSONEncodeError):
-        body = _encode_rows(*enc, dumps, track_info, writer.pid, base_ns)
+        body = _encode_rows(*enc, dumps, track_info, writer.pid, base_ns, *launch)
     out.extend(meta)  # new tracks' metadata first (a retry finds its tracks named already)
     out.append(body)
 

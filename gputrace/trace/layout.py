@@ -9,7 +9,8 @@ both lay out through here, so both formats make the same tracks, tids and overfl
 
 Also here, because both formats read and write them the same way: the header's JSON (`dumps`),
 how a streamed header update joins the header (`update_header`), the facts a process carries
-beyond its track (`process_facts`), and how a track's name says it is a CUDA stream (`CUDA_TRACK`).
+beyond its track (`process_facts`), how a track's name says it is a CUDA stream (`CUDA_TRACK`),
+and the launch arrows (`launch_marks`: where each span's host entry is drawn, the flow ids).
 
 Conventions (Perfetto's importer punishes the alternatives): pid = rank + 1, since pid 0 is
 Perfetto's kernel "swapper"; tids are small and never equal the pid, since Perfetto draws the
@@ -341,6 +342,7 @@ class ProcessLayout:
         self.layout = Layout() if layout is None else layout
         self._tids: dict[tuple[int, int], int] = {}  # (track, lane) -> tid
         self._next_tid = 0
+        self._flows = 0  # flow ids given out so far
 
     def tid(self, trace: Trace, track: int, lane: int, out: list[bytes]) -> int:
         """The tid of (track, lane); a new one is described into `out` first."""
@@ -356,6 +358,74 @@ class ProcessLayout:
 
     def describe(self, trace: Trace, track: int, lane: int, tid: int, out: list[bytes]) -> None:
         """Write what a new written track needs (the JSON format: its name and sort events)."""
+
+    def launch_tid(self, out: list[bytes]) -> int:
+        """The tid of the process's launch track (see `launch_marks`), described into `out` when
+        new; tids are given in the order asked, so both formats give it the same one."""
+        tid = self._tids.get(_LAUNCH_KEY)
+        if tid is None:
+            self._next_tid += 1
+            if self._next_tid == self.pid:
+                self._next_tid += 1
+            tid = self._tids[_LAUNCH_KEY] = self._next_tid
+            self.describe_launch(tid, out)
+        return tid
+
+    def describe_launch(self, tid: int, out: list[bytes]) -> None:
+        """Write what the launch track needs (the JSON format: its name and sort events)."""
+
+    def flow_ids(self, n: int) -> int:
+        """The first of `n` new flow ids: unique in a file (the pid in the high bits, so a merged
+        file's processes never share one), numbered on across pieces and flushes."""
+        first = (self.pid << 32) + self._flows + 1
+        self._flows += n
+        return first
+
+
+# ---- launch arrows ------------------------------------------------------------------------------
+# A span with a host entry time (`SpanColumns.entry` > 0: a CUDA span, the moment the host queued
+# it) is drawn with a flow arrow from that moment to the span on its stream, so Perfetto shows the
+# launch queue: how far the GPU runs behind the host. The arrow's source is a zero-length slice
+# named as the span, on one host track per process (`LAUNCH_TRACK`); the JSON links the two by
+# `bind_id` + `flow_out`/`flow_in` (Perfetto's flow v2), protobuf by an instant's `flow_ids` and
+# the span's `terminating_flow_ids`.
+#
+# Perfetto imports events in time order and starts a flow only at its source: an arrow whose
+# source comes at or after the span's start is dropped without a word (seen in the v52 UI, both
+# formats). The host enters a span before the GPU runs it, but the two clocks meet only within
+# the anchors' error, so a measured entry can lie at or after the start: the source is then drawn
+# 1 ns before the start (and never before the trace's base), and the exact entry travels with it
+# as its argument `ENTRY_ARG`, which the readers prefer.
+
+#: The launch track's name and kind of its slices (the readers know a source by them).
+LAUNCH_TRACK = "launches (host)"
+LAUNCH_CAT = "launch"
+ENTRY_ARG = "entry_ns"
+#: The launch track's sort index: after every CUDA stream (see `track_sort`), before host threads.
+LAUNCH_SORT = 10_000_000 - 1
+_LAUNCH_KEY = (-1, 0)
+
+
+def launch_at(entry: int, start: int, base_ns: int) -> int:
+    """Where a span's launch arrow starts (epoch ns): its host entry, or 1 ns before the span
+    where the entry is not before it, never before `base_ns`."""
+    return max(min(entry, start - 1), base_ns)
+
+
+def launch_rows(entry: Sequence[int] | None, rows: Sequence[int]) -> list[int]:
+    """Of `rows`, the positions (0..len(rows)-1) whose span has a host entry."""
+    if entry is None:
+        return []
+    return [j for j, i in enumerate(rows) if entry[i] > 0]
+
+
+def first_entry(trace: Trace) -> int | None:
+    """The earliest host entry of the trace's spans (None: none known)."""
+    entry = trace.spans.entry
+    if entry is None:
+        return None
+    known = [e for e in entry if e > 0]
+    return min(known) if known else None
 
 
 def lane_name(track: Track, lane: int) -> str:
@@ -426,6 +496,9 @@ def plan_write(
     rng = trace.time_range()
     if base_ns is None:
         base_ns = rng[0] if rng else int(trace.metadata.get("base_ns", 0) or 0)
+        first = first_entry(trace)
+        if first is not None and rng and first < base_ns:  # the launch arrows start there
+            base_ns = first
     own = [p for p in trace.processes if p.rank is not None and not p.foreign]
     meta = {k: v for k, v in trace.metadata.items() if k != "base_ns"}
     pid_of = output_pids(trace)
