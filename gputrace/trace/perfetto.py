@@ -60,11 +60,15 @@ from gputrace.trace import files
 from gputrace.trace.files import AppendFile, atomic_writer, read_bytes
 from gputrace.trace.layout import (
     CUDA_TRACK,
+    ENTRY_ARG,
+    LAUNCH_TRACK,
     Layout,
     ProcessLayout,
     clean,
     dumps,
     lane_name,
+    launch_at,
+    launch_rows,
     nest_in_end_order,
     plan_write,
     process_facts,
@@ -76,6 +80,7 @@ from gputrace.trace.model import Process, Trace, Track
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
 _COUNTER = pb.TrackEvent.TYPE_COUNTER
+_INSTANT = pb.TrackEvent.TYPE_INSTANT
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _BOOTTIME = pb.ClockSnapshot.Clock.BOOTTIME
@@ -178,6 +183,8 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     for w, rows, lanes in pieces:
         g = groups.setdefault(w, {})
         keys = [(t << 24) | k for t, k in zip([sp.track[r] for r in rows], lanes)]
+        if sp.entry is not None and launch_rows(sp.entry, rows):
+            w.launch_tid([])  # asked where the JSON writer asks it: the same tids
         for key in dict.fromkeys(keys):
             if key not in g:
                 w.tid(trace, key >> 24, key & 0xFFFFFF, [])  # tids in the JSON writer's order
@@ -419,6 +426,7 @@ class _Encoder:
         fixes: list[tuple[int, Any]] = []
         spill: list[int] = []
         stack: list[int] = []  # the open spans' ends, as in E
+        begins: list[int] = []  # per row written here (not spilled), its begin packet's place in parts
         part, delta = parts.append, deltas.append
         for s, e2, t, a, r in zip(S, E, T, A, rows):
             s2 = s << 1
@@ -435,22 +443,98 @@ class _Encoder:
             prev = s
             if a:
                 fixes.append((len(parts), a))
+            begins.append(len(parts))
             part(t)
         while stack:
             v = stack.pop() >> 1
             delta(v - prev)
             prev = v
             part(end_t)
+        flows: list[tuple[int, int]] = []
+        if sp.entry is not None and parts:
+            flows = self._launches(trace, w, rows, begins, spill, out)
         if parts:
             if reset:
                 out.append(self._clock_reset(lane))
             lane.last = prev
             self._intern_args(lane, fixes, out)
-            self._emit(parts, deltas, fixes, out)
+            self._emit(parts, deltas, fixes, out, flows)
         if spill:
             made = self.spilled.get((w.pid, track), 0)
             self.spilled[(w.pid, track)] = made + 1
             self.spans(trace, w, track, _SPILL + made, spill, cats, out)
+
+    def _launches(
+        self, trace: Trace, w: ProcessLayout, rows: list[int], begins: list[int], spill: list[int], out: list[bytes]
+    ) -> list[tuple[int, int]]:
+        """The sources of the launch arrows of `rows` (those written, not `spill`ed, with a host
+        entry: see layout.py) as instants on the process's launch track, appended to `out`; gives
+        (place of the span's begin packet in its parts, flow id) for `_emit` to end each arrow."""
+        entry, start, name_col = trace.spans.entry, trace.spans.start, trace.spans.name
+        assert entry is not None
+        skip = set(spill)
+        written = [r for r in rows if r not in skip] if skip else rows
+        todo = [(r, b) for r, b in zip(written, begins) if entry[r] > 0]
+        if not todo:
+            return []
+        first = w.flow_ids(len(todo))
+        lane = self.launch_lane(w, out)
+        base = self.base
+        marks = []
+        for k, (r, _) in enumerate(todo):
+            e = entry[r]
+            at = launch_at(e, start[r], base)
+            marks.append((at, first + k, name_col[r], e if at != e else 0))
+        marks.sort()
+        names = trace.names
+        templates = self._instant_templates(lane, names, {m[2] for m in marks}, out)
+        deltas = self._deltas(lane, [m[0] for m in marks], out)
+        key = self._iid(self.key_iid, ENTRY_ARG)
+        if key not in lane.keys:
+            lane.keys.add(key)
+            out.append(self._intern(lane, [], [(key, ENTRY_ARG)], []))
+        for lo in range(0, len(marks), _BATCH):
+            batch = pb.Trace()
+            batch.MergeFromString(b"".join(templates[m[2]] for m in marks[lo : lo + _BATCH]))
+            for p, d, (_, flow, _, exact) in zip(batch.packet, deltas[lo : lo + _BATCH], marks[lo : lo + _BATCH]):
+                p.timestamp = d
+                te = p.track_event
+                te.flow_ids.append(flow)
+                if exact:  # drawn before the span, not at its entry: the entry itself
+                    te.debug_annotations.add(name_iid=key, int_value=exact)
+            out.append(batch.SerializeToString())
+        return [(b, first + k) for k, (_, b) in enumerate(todo)]
+
+    def launch_lane(self, w: ProcessLayout, out: list[bytes]) -> _Lane:
+        """The sequence of the process's launch track (new: described into `out` first)."""
+        key = (w.pid, -1, 0)
+        lane = self.lanes.get(key)
+        if lane is None:
+            tid = w.launch_tid([])
+            d = pb.TrackDescriptor(uuid=_uuid(w.pid, tid), parent_uuid=_uuid(w.pid))
+            d.thread.pid = w.pid
+            d.thread.tid = tid
+            d.thread.thread_name = LAUNCH_TRACK
+            lane = self.lanes[key] = self._new_lane(d, out)
+        return lane
+
+    def _instant_templates(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> dict[int, bytes]:
+        """Per name index used, the launch lane's instant packet for it (serialized); names new
+        to the lane are interned first (the lane's begin templates hold its known names)."""
+        templates: dict[int, bytes] = {}
+        new: list[tuple[int, str]] = []
+        for n in used:
+            name = names[n]
+            iid = self.name_iid.get(name)
+            if iid is None:
+                iid = self.name_iid[name] = len(self.name_iid) + 1
+            if iid not in lane.names:
+                lane.names.add(iid)
+                new.append((iid, _text(name)))
+            templates[n] = _serialize([_event(lane.seq, _INSTANT, iid)])
+        if new:
+            out.append(self._intern(lane, sorted(new), [], []))
+        return templates
 
     def _begin_templates(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> list[bytes]:
         """Per name index of the trace, the lane's begin packet for it (serialized); names new to
@@ -489,11 +573,20 @@ class _Encoder:
         if keys or cats:
             out.append(self._intern(lane, [], keys, cats))
 
-    def _emit(self, parts: list[bytes], deltas: list[int], fixes: list[tuple[int, Any]], out: list[bytes]) -> None:
+    def _emit(
+        self,
+        parts: list[bytes],
+        deltas: list[int],
+        fixes: list[tuple[int, Any]],
+        out: list[bytes],
+        flows: Sequence[tuple[int, int]] = (),
+    ) -> None:
         """Template packets -> one `Trace` message per batch (parsed in one call), each packet's
-        timestamp set, arguments added where spans have them, serialized once."""
+        timestamp set, arguments added where spans have them, launch arrows ended where they end
+        (`flows`: (place in parts, flow id)), serialized once."""
         key_iid, cat_iid = self.key_iid, self.cat_iid
-        f = 0
+        f = g = 0
+        flows = sorted(flows)
         for lo in range(0, len(parts), _BATCH):
             hi = min(lo + _BATCH, len(parts))
             batch = pb.Trace()
@@ -513,6 +606,10 @@ class _Encoder:
                     _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
                 if cat is not None:
                     te.category_iids.append(cat_iid[cat])
+            while g < len(flows) and flows[g][0] < hi:
+                j, flow = flows[g]
+                g += 1
+                packets[j - lo].track_event.terminating_flow_ids.append(flow)
             out.append(batch.SerializeToString())
 
     def counters(self, trace: Trace, rows: Sequence[int], pid_of: dict[int, int], out: list[bytes]) -> None:
@@ -682,6 +779,8 @@ class StreamWriter(AppendFile):
             sp = trace.spans
             tracks = [sp.track[i] for i in rows]
             lanes = self.writer.layout.place(tracks, [sp.start[i] for i in rows], [sp.end[i] for i in rows])
+            if sp.entry is not None and launch_rows(sp.entry, rows):
+                self.writer.launch_tid([])  # asked where the JSON writer asks it: the same tids
             groups: dict[tuple[int, int], list[int]] = {}
             for r, t, k in zip(rows, tracks, lanes):
                 groups.setdefault((t, k), []).append(r)
@@ -821,10 +920,13 @@ class _Reader:
         self.incremental: set[tuple[int, int]] = set()  # (sequence, clock id)
         self.spans: dict[int, list[tuple[str, int, int, Any, Any]]] = {}  # uuid -> spans
         self.samples: dict[int, list[tuple[int, float]]] = {}
+        self.launches: dict[int, int] = {}  # flow id -> host entry (the launch arrows' sources)
+        self.launch_tracks: set[int] = set()  # uuids of tracks holding them
+        self.flows_in: dict[int, list[tuple[int, int]]] = {}  # uuid -> (row in spans[uuid], flow id)
 
     def build(self, msg: pb.Trace) -> Trace:
         self.seqs: dict[int, _Seq] = {}
-        self.open: dict[int, list[tuple[str, int, Any, Any]]] = {}
+        self.open: dict[int, list[tuple[str, int, Any, Any, int]]] = {}
         self._packets(msg.packet)
         # Spans still open at the end were cut off mid-write (their end never came): left out.
         return self._trace()
@@ -870,15 +972,19 @@ class _Reader:
                     stack = open_.get(uuid)
                     if stack is None:
                         stack = open_[uuid] = []
-                    stack.append((name, ts, a, cat))
+                    stack.append((name, ts, a, cat, te.terminating_flow_ids[0] if te.terminating_flow_ids else 0))
                 elif t == _END:
                     stack = open_.get(uuid)
                     if stack:
-                        name, t0, a, cat = stack.pop()
+                        name, t0, a, cat, flow = stack.pop()
                         done = spans.get(uuid)
                         if done is None:
                             done = spans[uuid] = []
+                        if flow:
+                            self.flows_in.setdefault(uuid, []).append((len(done), flow))
                         done.append((name, t0, ts, a, cat))
+                elif t == _INSTANT and te.flow_ids:
+                    self._launch(st, uuid, ts, te)
                 elif t == _COUNTER:
                     v = te.double_counter_value if te.HasField("double_counter_value") else te.counter_value
                     self.samples.setdefault(uuid, []).append((ts, float(v)))
@@ -892,6 +998,36 @@ class _Reader:
                 if depth >= MAX_NESTING:
                     raise TraceFormatError(self.path, f"compressed packets nested more than {MAX_NESTING} deep")
                 self._packets(self._inflate(p.compressed_packets).packet, depth + 1)
+
+    def _launch(self, st: _Seq, uuid: int, ts: int, te: pb.TrackEvent) -> None:
+        """A launch arrow's source (see layout.py): its host entry (the exact one where it was
+        drawn elsewhere), by flow id; the span that ends the arrow takes it in `_entries`."""
+        entry = ts
+        for d in te.debug_annotations:
+            if _key(st, d) == ENTRY_ARG and d.WhichOneof("value") == "int_value":
+                entry = d.int_value - self._base()
+        self.launches[te.flow_ids[0]] = entry
+        self.launch_tracks.add(uuid)
+
+    def _base(self) -> int:
+        base = self.header.get("baseTimeNanoseconds", 0)
+        return base if type(base) is int else 0
+
+    def _entries(self, uuid: int, first_row: int, n: int, entry: array[int] | None, base: int) -> array[int] | None:
+        """The `entry` column after the spans of track `uuid` (rows first_row..first_row + n - 1 of
+        the trace) joined it: their host entries from the launch arrows that end at them, 0 for the
+        rest. None while no span has one."""
+        flows = self.flows_in.get(uuid)
+        if not flows or not self.launches:
+            return None if entry is None else entry + array("q", bytes(8 * n))
+        if entry is None:
+            entry = array("q", bytes(8 * first_row))
+        mine = array("q", bytes(8 * n))
+        for row, flow in flows:
+            at = self.launches.get(flow)
+            if at is not None and row < n:
+                mine[row] = base + at
+        return entry + mine
 
     def _inflate(self, data: bytes) -> pb.Trace:
         """Compressed packets, inflated within what is left of the file's allowance."""
@@ -989,6 +1125,8 @@ class _Reader:
                 sort = pr.legacy_sort_index if pr.HasField("legacy_sort_index") else None
                 process_of(pr.pid, _str(pr.process_name), sort)
         for uuid, d in self.descriptors.items():
+            if d.HasField("thread") and uuid in self.launch_tracks and uuid not in self.spans:
+                continue  # the launch arrows' track: its instants are the spans' `entry`
             if d.HasField("thread"):
                 th = d.thread
                 name = _str(th.thread_name) or f"thread {th.tid}"
@@ -1003,6 +1141,7 @@ class _Reader:
                 track = Track(process_of(pid), name, name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
+        entry: array[int] | None = None
         for uuid, lst in self.spans.items():
             t = track_of.get(uuid)
             if t is None:
@@ -1011,6 +1150,7 @@ class _Reader:
                 starts = array("q", [base + x[1] for x in lst])
                 ends = array("q", [base + x[2] for x in lst])
             except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
+                self.flows_in.pop(uuid, None)
                 lst = [x for x in lst if _in_range(base + x[1]) and _in_range(base + x[2])]
                 if not lst:
                     continue
@@ -1018,7 +1158,9 @@ class _Reader:
                 ends = array("q", [base + x[2] for x in lst])
             names, _, _, args, cats = zip(*lst)
             ids = {n: intern(n) for n in set(names)}
+            entry = self._entries(uuid, len(spans), len(lst), entry, base)
             spans.extend([ids[n] for n in names], [t] * len(lst), starts, ends, args, cats)
+        spans.entry = entry
         counters = trace.counters
         for uuid, samples in self.samples.items():
             t = track_of.get(uuid)
