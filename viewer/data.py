@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import and_, ge, gt, lt, or_
@@ -385,6 +386,8 @@ def window(trace: Trace, start_ns: int, end_ns: int) -> Trace:
         [sp.args[i] for i in rows],
         [sp.cat[i] for i in rows],
     )
+    if sp.entry is not None:  # the launch arrows of the spans kept
+        dst.entry = array("q", [sp.entry[i] for i in rows])
     c = trace.counters
     for i, ts in enumerate(c.ts):
         if start_ns <= ts < end_ns:

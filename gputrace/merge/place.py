@@ -22,7 +22,7 @@ from gputrace import align as al
 from gputrace.errors import MergeError
 from gputrace.merge.select import Selection, step_notes
 from gputrace.merge.sources import SORT_SLOTS, Plan, Source, merged_ranks
-from gputrace.trace.model import Process, Trace
+from gputrace.trace.model import Process, SpanColumns, Trace
 from gputrace.version import __version__
 
 # ---- alignment ----------------------------------------------------------------------------------
@@ -228,15 +228,18 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     # Tracks, and the map each track's times go through.
     track_map = array("l")
     track_fn: list[al.ClockMap | None] = []
+    host_fn: list[al.ClockMap | None] = []  # the map of each track's host times (spans' entries)
     for t in trace.tracks:
         np_ = proc_map[t.process]
         if np_ < 0:
             track_map.append(-1)
             track_fn.append(None)
+            host_fn.append(None)
             continue
         track_map.append(out.add_track(dataclasses.replace(t, process=np_)))
         r = proc_rank[t.process]
         fn = ctx.maps.host.get(r) if r is not None else None
+        host_fn.append(fn or _IDENTITY)
         if t.kind == "cuda" and r is not None and r in ctx.maps.device and not out.processes[np_].foreign:
             fn = ctx.maps.device[r]
         track_fn.append(fn or _IDENTITY)
@@ -274,6 +277,7 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     # Columns.
     remap = [out.intern(nm) for nm in trace.names]
     o = out.spans
+    before = len(o)
     if rows is None:
         # Ranks of one program intern their names in the same order: then no remapping at all.
         same_names = remap == list(range(len(remap)))
@@ -301,12 +305,42 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
         o.args.extend([args[i] for i in rows])
         o.cat.extend([cats[i] for i in rows])
         res.spans = len(rows)
+    take_entry(o, before, sp, rows, host_fn)
     _take_counters(out, trace, track_map, track_fn, sel, ctx, windows, proc_rank)
     _take_extra(out, trace, proc_map, proc_rank, sel, ctx, windows)
     return res
 
 
 _IDENTITY = al.ClockMap()
+
+
+def take_entry(
+    o: SpanColumns, before: int, sp: SpanColumns, rows: Sequence[int] | None, fns: Sequence[al.ClockMap | None]
+) -> None:
+    """The `entry` column for the spans just taken into `o` (rows `before` on; `rows` of `sp`, or
+    all): each host entry through its track's host map (`fns`, per track of `sp`), as the rank's
+    host spans go, 0 kept as unknown. A column neither side has stays None."""
+    if sp.entry is None and o.entry is None:
+        return
+    n = len(o) - before
+    if o.entry is None:
+        o.entry = array("q", bytes(8 * before))
+    if sp.entry is None:
+        o.entry.extend(array("q", bytes(8 * n)))
+        return
+    picked = range(len(sp)) if rows is None else rows
+    entry, track = sp.entry, sp.track
+    moved = array("q", bytes(8 * n))
+    by_fn: dict[int, tuple[al.ClockMap, list[int]]] = {}
+    for k, i in enumerate(picked):
+        if entry[i] > 0:
+            f = fns[track[i]] or _IDENTITY
+            by_fn.setdefault(id(f), (f, []))[1].append(k)
+    for f, ks in by_fn.values():
+        values = [entry[picked[k]] for k in ks]
+        for k, v in zip(ks, f.column(values) if f.knots else values):
+            moved[k] = v
+    o.entry.extend(moved)
 
 
 def _map_columns(
@@ -531,12 +565,14 @@ def append_part(out: Trace, part: Trace) -> None:
         out.add_track(dataclasses.replace(t, process=procs[t.process]))
     remap = [out.intern(nm) for nm in part.names]
     sp, o = part.spans, out.spans
+    before = len(o)
     o.name.extend(sp.name if remap == list(range(len(remap))) else array("l", map(remap.__getitem__, sp.name)))
     o.track.extend(sp.track if t0 == 0 else array("l", map(t0.__add__, sp.track)))
     o.start.extend(sp.start)
     o.end.extend(sp.end)
     o.args.extend(sp.args)
     o.cat.extend(sp.cat)
+    take_entry(o, before, sp, None, [None] * len(part.tracks))  # already moved by the worker's `take`
     c = part.counters
     out.counters.track.extend(array("l", map(t0.__add__, c.track)))
     out.counters.ts.extend(c.ts)

@@ -682,15 +682,18 @@ def launch_event(name: bytes, pid: int, tid: int, entry: int, start: int, base_n
     drawn at the entry."""
     at = launch_at(entry, start, base_ns)
     ts = at - base_ns
-    return b'{"ph":"X","cat":"%s","name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":0.000,"bind_id":%d,"flow_out":true%s},\n' % (
-        LAUNCH_CAT.encode(),
-        name,
-        pid,
-        tid,
-        ts // 1000,
-        ts % 1000,
-        flow,
-        b',"args":{"%s":%d}' % (ENTRY_ARG.encode(), entry) if at != entry else b"",
+    return (
+        b'{"ph":"X","cat":"%s","name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":0.000,"bind_id":%d,"flow_out":true%s},\n'
+        % (
+            LAUNCH_CAT.encode(),
+            name,
+            pid,
+            tid,
+            ts // 1000,
+            ts % 1000,
+            flow,
+            b',"args":{"%s":%d}' % (ENTRY_ARG.encode(), entry) if at != entry else b"",
+        )
     )
 
 
