@@ -1,7 +1,10 @@
 """Trace formats side by side: how fast the Chrome JSON and the Perfetto protobuf writers write
 the same trace, whole and streamed flush by flush, and how many bytes a span takes.
 
-    python benchmarks/formats.py [--spans 1000000] [--flush 20000] [--repeats 3] [--dir DIR]
+    python benchmarks/formats.py [--spans 1000000] [--flush 20000] [--repeats 3] [--dir DIR] [--entry]
+
+`--entry`: every CUDA span carries its host entry time, as the recorder fills it, so both formats
+write a launch arrow per CUDA span (compare with a run without it).
 
 One rank of a training run as the recorder stores it (spans in the order they ended): steps of
 nested spans on two CUDA streams and a host thread, a step number on every step span, memory
@@ -84,6 +87,18 @@ def rank_trace(spans: int, seed: int = 0) -> Trace:
     return trace
 
 
+def add_entries(trace: Trace, seed: int = 1) -> None:
+    """A host entry for every CUDA span: entered 5-200 us before the GPU ran it."""
+    from array import array
+
+    rng = random.Random(seed)
+    cuda = [t.kind == "cuda" for t in trace.tracks]
+    sp = trace.spans
+    trace.spans.entry = array(
+        "q", [s - rng.randrange(5_000, 200_000) if cuda[t] else 0 for s, t in zip(sp.start, sp.track)]
+    )
+
+
 def flush_traces(trace: Trace, per_flush: int) -> list[tuple[Trace, range, range]]:
     """The trace cut into the traces a session appends, one per flush (tracks and names kept)."""
     out = []
@@ -94,6 +109,8 @@ def flush_traces(trace: Trace, per_flush: int) -> list[tuple[Trace, range, range
         t = Trace(trace.metadata)
         t.processes, t.tracks, t.names, t._name_index = trace.processes, trace.tracks, trace.names, trace._name_index
         t.spans.extend(sp.name[lo:hi], sp.track[lo:hi], sp.start[lo:hi], sp.end[lo:hi], sp.args[lo:hi])
+        if sp.entry is not None:
+            t.spans.entry = sp.entry[lo:hi]
         last = sp.end[hi - 1]
         while k < len(c) and c.ts[k] <= last:
             t.counters.append(c.track[k], c.ts[k], c.value[k])
@@ -178,11 +195,14 @@ def main() -> None:
     ap.add_argument("--flush", type=int, default=20_000, help="spans a flush appends")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--entry", action="store_true", help="CUDA spans carry host entries: launch arrows")
     a = ap.parse_args()
     directory = a.dir or tempfile.mkdtemp(prefix="gputrace-formats-")
     os.makedirs(directory, exist_ok=True)
     t0 = time.perf_counter()
     trace = rank_trace(a.spans)
+    if a.entry:
+        add_entries(trace)
     pieces = flush_traces(trace, a.flush)
     n = len(trace.spans)
     built = time.perf_counter() - t0

@@ -81,6 +81,7 @@ _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
 _COUNTER = pb.TrackEvent.TYPE_COUNTER
 _INSTANT = pb.TrackEvent.TYPE_INSTANT
+_FLOW_MARK = 0x5A5A_F10F_0123_4567  # a flow id's place in a template packet (see `_Encoder._flowed`)
 _CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _BOOTTIME = pb.ClockSnapshot.Clock.BOOTTIME
@@ -282,7 +283,7 @@ class _Lane:
     """A written track's sequence: its id and track, the names interned on it, the incremental
     clock's value (ns after the base; None before the first snapshot), and the packets it reuses."""
 
-    __slots__ = ("seq", "uuid", "last", "names", "keys", "cats", "begin", "end")
+    __slots__ = ("seq", "uuid", "last", "names", "keys", "cats", "begin", "end", "flowed")
 
     def __init__(self, seq: int, uuid: int) -> None:
         self.seq = seq
@@ -293,6 +294,7 @@ class _Lane:
         self.cats: set[int] = set()
         self.begin: dict[int, bytes] = {}  # name iid -> a serialized one-packet Trace
         self.end = _serialize([_event(seq, _END)])
+        self.flowed: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # see _Encoder._flowed
 
 
 def _event(seq: int, kind: int, name_iid: int = 0) -> pb.TracePacket:
@@ -450,15 +452,16 @@ class _Encoder:
             delta(v - prev)
             prev = v
             part(end_t)
-        flows: list[tuple[int, int]] = []
         if sp.entry is not None and parts:
-            flows = self._launches(trace, w, rows, begins, spill, out)
+            for j, flow, iid in self._launches(trace, w, rows, begins, spill, out):
+                pre, post = self._flowed(lane, _BEGIN, iid)  # the begin packet that ends the arrow
+                parts[j] = pre + flow.to_bytes(8, "little") + post
         if parts:
             if reset:
                 out.append(self._clock_reset(lane))
             lane.last = prev
             self._intern_args(lane, fixes, out)
-            self._emit(parts, deltas, fixes, out, flows)
+            self._emit(parts, deltas, fixes, out)
         if spill:
             made = self.spilled.get((w.pid, track), 0)
             self.spilled[(w.pid, track)] = made + 1
@@ -466,10 +469,10 @@ class _Encoder:
 
     def _launches(
         self, trace: Trace, w: ProcessLayout, rows: list[int], begins: list[int], spill: list[int], out: list[bytes]
-    ) -> list[tuple[int, int]]:
+    ) -> list[tuple[int, int, int]]:
         """The sources of the launch arrows of `rows` (those written, not `spill`ed, with a host
         entry: see layout.py) as instants on the process's launch track, appended to `out`; gives
-        (place of the span's begin packet in its parts, flow id) for `_emit` to end each arrow."""
+        (place of the span's begin packet in its parts, flow id, name iid) of each arrow."""
         entry, start, name_col = trace.spans.entry, trace.spans.start, trace.spans.name
         assert entry is not None
         skip = set(spill)
@@ -480,30 +483,42 @@ class _Encoder:
         first = w.flow_ids(len(todo))
         lane = self.launch_lane(w, out)
         base = self.base
+        names = trace.names
+        iids = self._names_on(lane, names, {name_col[r] for r, _ in todo}, out)
         marks = []
         for k, (r, _) in enumerate(todo):
             e = entry[r]
             at = launch_at(e, start[r], base)
-            marks.append((at, first + k, name_col[r], e if at != e else 0))
+            marks.append((at, first + k, iids[name_col[r]], e if at != e else 0))
         marks.sort()
-        names = trace.names
-        templates = self._instant_templates(lane, names, {m[2] for m in marks}, out)
         deltas = self._deltas(lane, [m[0] for m in marks], out)
-        key = self._iid(self.key_iid, ENTRY_ARG)
-        if key not in lane.keys:
-            lane.keys.add(key)
-            out.append(self._intern(lane, [], [(key, ENTRY_ARG)], []))
-        for lo in range(0, len(marks), _BATCH):
-            batch = pb.Trace()
-            batch.MergeFromString(b"".join(templates[m[2]] for m in marks[lo : lo + _BATCH]))
-            for p, d, (_, flow, _, exact) in zip(batch.packet, deltas[lo : lo + _BATCH], marks[lo : lo + _BATCH]):
-                p.timestamp = d
-                te = p.track_event
-                te.flow_ids.append(flow)
-                if exact:  # drawn before the span, not at its entry: the entry itself
-                    te.debug_annotations.add(name_iid=key, int_value=exact)
-            out.append(batch.SerializeToString())
-        return [(b, first + k) for k, (_, b) in enumerate(todo)]
+        parts: list[bytes] = []
+        fixes: list[tuple[int, Any]] = []
+        for at, flow, iid, exact in marks:
+            pre, post = self._flowed(lane, _INSTANT, iid)
+            if exact:  # drawn before the span, not at its entry: the entry itself
+                fixes.append((len(parts), {ENTRY_ARG: exact}))
+            parts.append(pre + flow.to_bytes(8, "little") + post)
+        self._intern_args(lane, fixes, out)
+        self._emit(parts, deltas, fixes, out)
+        return [(b, first + k, iids[name_col[r]]) for k, (r, b) in enumerate(todo)]
+
+    def _flowed(self, lane: _Lane, kind: int, iid: int) -> tuple[bytes, bytes]:
+        """A serialized one-packet `Trace` of an event of `kind` named `iid` on the lane that
+        starts (an instant: `flow_ids`) or ends (a begin: `terminating_flow_ids`) one flow, split
+        around the flow id's 8 bytes (a fixed64: any id fits the same place)."""
+        key = (kind, iid)
+        cut = lane.flowed.get(key)
+        if cut is None:
+            p = _event(lane.seq, kind, iid)
+            te = p.track_event
+            (te.flow_ids if kind == _INSTANT else te.terminating_flow_ids).append(_FLOW_MARK)
+            data = _serialize([p])
+            mark = _FLOW_MARK.to_bytes(8, "little")
+            at = data.index(mark)
+            assert data.count(mark) == 1
+            cut = lane.flowed[key] = (data[:at], data[at + 8 :])
+        return cut
 
     def launch_lane(self, w: ProcessLayout, out: list[bytes]) -> _Lane:
         """The sequence of the process's launch track (new: described into `out` first)."""
@@ -518,10 +533,9 @@ class _Encoder:
             lane = self.lanes[key] = self._new_lane(d, out)
         return lane
 
-    def _instant_templates(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> dict[int, bytes]:
-        """Per name index used, the launch lane's instant packet for it (serialized); names new
-        to the lane are interned first (the lane's begin templates hold its known names)."""
-        templates: dict[int, bytes] = {}
+    def _names_on(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> dict[int, int]:
+        """Per name index used, its iid, interned on the lane first where new to it."""
+        iids: dict[int, int] = {}
         new: list[tuple[int, str]] = []
         for n in used:
             name = names[n]
@@ -531,10 +545,10 @@ class _Encoder:
             if iid not in lane.names:
                 lane.names.add(iid)
                 new.append((iid, _text(name)))
-            templates[n] = _serialize([_event(lane.seq, _INSTANT, iid)])
+            iids[n] = iid
         if new:
             out.append(self._intern(lane, sorted(new), [], []))
-        return templates
+        return iids
 
     def _begin_templates(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> list[bytes]:
         """Per name index of the trace, the lane's begin packet for it (serialized); names new to
@@ -573,20 +587,11 @@ class _Encoder:
         if keys or cats:
             out.append(self._intern(lane, [], keys, cats))
 
-    def _emit(
-        self,
-        parts: list[bytes],
-        deltas: list[int],
-        fixes: list[tuple[int, Any]],
-        out: list[bytes],
-        flows: Sequence[tuple[int, int]] = (),
-    ) -> None:
+    def _emit(self, parts: list[bytes], deltas: list[int], fixes: list[tuple[int, Any]], out: list[bytes]) -> None:
         """Template packets -> one `Trace` message per batch (parsed in one call), each packet's
-        timestamp set, arguments added where spans have them, launch arrows ended where they end
-        (`flows`: (place in parts, flow id)), serialized once."""
+        timestamp set, arguments added where spans have them, serialized once."""
         key_iid, cat_iid = self.key_iid, self.cat_iid
-        f = g = 0
-        flows = sorted(flows)
+        f = 0
         for lo in range(0, len(parts), _BATCH):
             hi = min(lo + _BATCH, len(parts))
             batch = pb.Trace()
@@ -606,10 +611,6 @@ class _Encoder:
                     _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
                 if cat is not None:
                     te.category_iids.append(cat_iid[cat])
-            while g < len(flows) and flows[g][0] < hi:
-                j, flow = flows[g]
-                g += 1
-                packets[j - lo].track_event.terminating_flow_ids.append(flow)
             out.append(batch.SerializeToString())
 
     def counters(self, trace: Trace, rows: Sequence[int], pid_of: dict[int, int], out: list[bytes]) -> None:
