@@ -21,6 +21,9 @@ cleanly passes:
   the pid's main thread.
 - `X` events of one thread, sorted by start and at equal starts the longest first, must nest:
   one that partly overlaps an open one is spilled to an overflow track with an import error.
+- A flow (`bind_id` with `flow_out` on its source, `flow_in` on its end) is drawn only when its
+  source comes before its end in time: otherwise Perfetto drops the arrow without a word (a
+  warning here).
 For gputrace's own files its conventions are checked as well, as warnings (pid = rank + 1 and
 never 0, named processes, no thread whose tid equals its pid, `"rank": R` findable by HTA).
 """
@@ -104,6 +107,7 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
     pids: set[Any] = set()
     main_threads: set[Any] = set()
     by_thread: dict[tuple[Any, Any], list[tuple[int, int, int]]] = {}
+    flows: dict[str, dict[Any, tuple[int, int]]] = {"out": {}, "in": {}}  # bind_id -> (ts, event)
     for i, e in enumerate(trace["traceEvents"]):
         if not isinstance(e, dict):
             errors.append(f"event {i}: not a JSON object: Perfetto stops reading the file here")
@@ -166,6 +170,8 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
                 main_threads.add(pid)
         pids.add(_key(e.get("pid")))
         by_thread.setdefault((pid, tid), []).append((ts, ts + dur, i))
+        if "bind_id" in e:
+            _flow(e, ts, i, flows)
     if own:
         for pid in sorted(pids - named_pids, key=repr):
             warnings.append(f"pid {pid!r} has no process_name")
@@ -185,11 +191,28 @@ def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
                 )
                 continue
             stack.append(s)
+    sources = flows["out"]
+    for flow, (ts, i) in sorted(flows["in"].items(), key=lambda kv: kv[1][1]):
+        src = sources.get(flow)
+        if src is None or src[0] >= ts:
+            where = "has no source" if src is None else f"starts at or after it (event {src[1]})"
+            warnings.append(f"event {i}: its flow (bind_id {flow!r}) {where}: Perfetto draws no arrow")
     report.spans += sum(len(v) for v in by_thread.values())
     report.tracks += len(by_thread)
     report.errors += _capped(errors, limit, "errors")
     report.warnings += _capped(warnings, limit, "warnings")
     return report
+
+
+def _flow(e: dict[str, Any], ts: int, i: int, flows: dict[str, dict[Any, tuple[int, int]]]) -> None:
+    """Note an X event's flow ends (v2: `bind_id` with `flow_out` / `flow_in`)."""
+    try:
+        hash(e["bind_id"])
+    except TypeError:
+        return
+    for side in ("out", "in"):
+        if e.get(f"flow_{side}") is True:
+            flows[side].setdefault(e["bind_id"], (ts, i))
 
 
 def _validate_model(fmt: registry.Format, path: str, data: bytes, report: Report, limit: int) -> Report:

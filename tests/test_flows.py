@@ -419,3 +419,22 @@ def test_ui_draws_the_arrows_of_every_rank_of_a_merged_and_a_streamed_file(ui: A
     assert all(f["from_thread"] == LAUNCH_TRACK and f["from_ts"] < f["to_ts"] for f in shown["flows"])
     streamed = drawn(ui, Path(paths[1]))
     assert streamed["errors"] == [] and len(streamed["flows"]) == with_entries(ranks[1])
+
+
+def test_validate_warns_of_arrows_perfetto_would_not_draw(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    chrome.write(cuda_rank(steps=3), str(good))
+    assert validate_file(str(good)).warnings == []
+    events = [
+        {"ph": "X", "name": "src", "pid": 1, "tid": 1, "ts": 30, "dur": 0, "bind_id": 1, "flow_out": True},
+        {"ph": "X", "name": "late", "pid": 1, "tid": 2, "ts": 20, "dur": 5, "bind_id": 1, "flow_in": True},
+        {"ph": "X", "name": "alone", "pid": 1, "tid": 2, "ts": 40, "dur": 5, "bind_id": 2, "flow_in": True},
+        {"ph": "X", "name": "fine", "pid": 1, "tid": 2, "ts": 50, "dur": 5, "bind_id": 3, "flow_in": True},
+        {"ph": "X", "name": "src", "pid": 1, "tid": 1, "ts": 45, "dur": 0, "bind_id": 3, "flow_out": True},
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(orjson.dumps({"traceEvents": events}))
+    report = validate_file(str(bad))
+    assert report.ok and len(report.warnings) == 2
+    assert "event 1" in report.warnings[0] and "starts at or after it" in report.warnings[0]
+    assert "event 2" in report.warnings[1] and "no source" in report.warnings[1]
