@@ -236,8 +236,8 @@ def test_twins_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 # ---- merge and the viewer's window ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ext", FORMATS)
-def test_merge_keeps_each_entry_on_its_ranks_host_clock(ext: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ext,workers", [("json", "1"), ("pftrace", "1"), ("json", "2")])
+def test_merge_keeps_each_entry_on_its_ranks_host_clock(ext: str, workers: str, tmp_path: Path) -> None:
     offset = 7_000
     syncs = [{"at_ns": BASE + 1_000_000, "offset_ns": offset, "error_ns": 10}]
     ranks = [cuda_rank(0), cuda_rank(1, seed=1, syncs=syncs)]
@@ -246,7 +246,7 @@ def test_merge_keeps_each_entry_on_its_ranks_host_clock(ext: str, tmp_path: Path
         paths.append(str(tmp_path / f"trace_rank{r}.{ext}"))
         registry.for_path(paths[-1]).write(t, paths[-1], ordered=True)
     dest = tmp_path / f"merged.{ext}"
-    res = CliRunner().invoke(main, ["merge", *paths, "-o", str(dest)])
+    res = CliRunner().invoke(main, ["merge", *paths, "-o", str(dest), "--workers", workers])
     assert res.exit_code == 0, res.output
     merged = registry.read(str(dest))
     assert with_entries(merged) == with_entries(ranks[0]) + with_entries(ranks[1])
