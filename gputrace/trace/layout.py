@@ -10,7 +10,7 @@ both lay out through here, so both formats make the same tracks, tids and overfl
 Also here, because both formats read and write them the same way: the header's JSON (`dumps`),
 how a streamed header update joins the header (`update_header`), the facts a process carries
 beyond its track (`process_facts`), how a track's name says it is a CUDA stream (`CUDA_TRACK`),
-and the launch arrows (`launch_marks`: where each span's host entry is drawn, the flow ids).
+and the launch arrows (`launch_at`: where each span's host entry is drawn; the flow ids).
 
 Conventions (Perfetto's importer punishes the alternatives): pid = rank + 1, since pid 0 is
 Perfetto's kernel "swapper"; tids are small and never equal the pid, since Perfetto draws the
@@ -360,7 +360,7 @@ class ProcessLayout:
         """Write what a new written track needs (the JSON format: its name and sort events)."""
 
     def launch_tid(self, out: list[bytes]) -> int:
-        """The tid of the process's launch track (see `launch_marks`), described into `out` when
+        """The tid of the process's launch track (see "launch arrows" below), described into `out` when
         new; tids are given in the order asked, so both formats give it the same one."""
         tid = self._tids.get(_LAUNCH_KEY)
         if tid is None:
@@ -424,8 +424,8 @@ def first_entry(trace: Trace) -> int | None:
     entry = trace.spans.entry
     if entry is None:
         return None
-    known = [e for e in entry if e > 0]
-    return min(known) if known else None
+    first = min(filter(None, entry), default=0)  # filter(None): at C speed, past the zeros
+    return first if first > 0 else None
 
 
 def lane_name(track: Track, lane: int) -> str:
