@@ -150,7 +150,7 @@ class PySpan:
     unset until the span opens (None if it was skipped). The hot path sets as few fields as it
     can: `id` is given at resolve time, `error` only on an exception."""
 
-    __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "error")
+    __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "entry", "error")
     name: str
     args: dict[str, Any] | None
     # Unset until opened. Typed without None, which only a span skipped in CUDA graph capture
@@ -161,6 +161,7 @@ class PySpan:
     gen: int  # device spans: the first anchor that can follow the start event
     t0: Any  # a CUDA event, or monotonic ns
     t1: Any
+    entry: int  # device spans: monotonic ns when the host entered it (queued its start event)
     error: str  # the exception's type name, set only on one
     cuda: bool = True  # class-level defaults; OptSpan holds them per span
     sync: bool = False
@@ -373,6 +374,8 @@ class Recorder:
                     return
             if s.sync:
                 self.device.synchronize()
+            # The host moment the start is queued: one clock read, the host spans' own clock.
+            s.entry = h.mono()
             try:  # not `if pool`: another thread may take the last event in between
                 ev = h.pools[dev].pop()
             except IndexError:
@@ -642,7 +645,7 @@ class Recorder:
                     if end is None:
                         end = ends[id(s.stack)] = self._new_event()
                         self._record(end, s.stack.stream)
-                    c.gen, c.t1 = s.gen, end
+                    c.gen, c.t1, c.entry = s.gen, end, s.entry
                 copies.append(c)
             if copies:
                 if self.device is not None:

@@ -251,6 +251,7 @@ class Session:
         trace.names = store.names
         trace._name_index = store._name_index
         trace.spans = SpanColumns.wrap(store.name, store.track, store.start, store.end, store.args)
+        trace.spans.entry = store.entry
         c = self.counters
         if len(c):
             trace.counters.track.extend(t + n_tracks for t in c.track)
@@ -518,6 +519,7 @@ class Session:
             full = SpanColumns()
             full.extend(trace.spans.name, trace.spans.track, trace.spans.start, trace.spans.end, trace.spans.args)
             full.extend(snapshot.name, snapshot.track, snapshot.start, snapshot.end, snapshot.args)
+            full.entry = store.entry + snapshot.entry
             trace.spans = full
         return trace
 

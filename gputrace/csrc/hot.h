@@ -77,6 +77,7 @@ typedef struct {
      * NULL): Python reads and writes them as `t0`/`t1` all the same (Span_getset). */
     char ns0, ns1;
     long long h0, h1;
+    long long entry; /* a device span: monotonic ns at its enter (when its start was queued); else 0 */
 } Span;
 
 
@@ -93,10 +94,10 @@ typedef struct {
 
 /* resolve.RESOLVE_LAYOUT: (what, attribute) for every attribute resolve and flush's split read of
  * the objects they are handed, in the same order; RESOLVE_LAYOUT_VERSION is the same number. */
-#define RESOLVE_LAYOUT_VERSION 1
+#define RESOLVE_LAYOUT_VERSION 2
 #define RESOLVE_FIELDS(X)                                                                                    \
     X(stack, track) X(track, index) X(track, device) X(store, names) X(store, _name_index) X(store, name)    \
-    X(store, track) X(store, start) X(store, end) X(store, args) X(store, capacity) X(store, dropped)        \
+    X(store, track) X(store, start) X(store, end) X(store, entry) X(store, args) X(store, capacity) X(store, dropped)        \
     X(store, _last_id) X(store, child_extent) X(timeline, _elapsed) X(timeline, anchors)                     \
     X(timeline, segment_ms) X(timeline, locate) X(timeline, to_host_ns) X(anchor, event) X(anchor, host_ns) \
     X(event, query) X(event, cuda_event)

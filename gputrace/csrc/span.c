@@ -219,6 +219,8 @@ static PyObject *open_span(State *st, Span *s) {
             Py_DECREF(dev);
             return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
         }
+        /* The host moment the start is queued: one clock read, the host spans' own clock. */
+        if (mono_ns(st, &s->entry) < 0) { Py_DECREF(stack); Py_DECREF(dev); return NULL; }
         PyObject *ev = pooled_event(st, dev);
         if (!ev || record_on(st, ev, stack) < 0) {
             Py_XDECREF(ev); Py_DECREF(stack); Py_DECREF(dev);
@@ -474,6 +476,7 @@ static PyMemberDef Span_members[] = {
     {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
+    {"entry", T_LONGLONG, offsetof(Span, entry), 0, "A device span: monotonic ns when the host entered it."},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(Span, vectorcall), READONLY, NULL},
     {"cuda", T_BOOL, offsetof(Span, cuda), 0, "Timed with CUDA events (else a host span)."},
