@@ -126,6 +126,8 @@ class Session:
             self.stream = None
             self.sinks = []
         rec.config = new
+        if new.nvtx != old.nvtx:
+            rec.set_nvtx(new.nvtx)  # installed again by the caller
         rec.store.capacity = new.max_spans
         rec._check_at = len(rec.pending) + new.max_pending
 

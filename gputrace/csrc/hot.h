@@ -40,12 +40,12 @@
 
 /* ---- the hot state ------------------------------------------------------------------------ */
 
-#define HOT_LAYOUT 1
+#define HOT_LAYOUT 2
 /* record.HotState.__slots__, in order. */
 #define HOT_FIELDS(X)                                                                                  \
     X(local) X(has_device) X(cur_dev) X(raw_stream) X(capturing) X(new_event) X(record) X(pools) X(gens) \
     X(mono) X(pending) X(check_at) X(open_slow) X(close_slow) X(close_unusual) X(pending_full)          \
-    X(close_by_name)
+    X(close_by_name) X(nvtx)
 
 typedef struct {
     PyObject_HEAD
@@ -58,6 +58,11 @@ typedef struct {
     Py_ssize_t n_check_at;   /* check_at, kept current by set_check_at() */
     uint64_t host_tid;       /* the thread (its thread state's id, never reused) whose host stack... */
     PyObject *host_stack;    /* ...this is: local.host without the thread-local lookup, or NULL */
+    /* nvtx (a gputrace.nvtx.Ranges, or None: off): C functions where found, else Python ones */
+    int nvtx_on;
+    int (*nvtx_push)(const char *);
+    int (*nvtx_pop)(void);
+    PyObject *nvtx_push_py, *nvtx_pop_py;
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
@@ -76,6 +81,7 @@ typedef struct {
     /* A host span's times, held as nanoseconds rather than as int objects (ns0/ns1 set; t0/t1
      * NULL): Python reads and writes them as `t0`/`t1` all the same (Span_getset). */
     char ns0, ns1;
+    char ranged; /* an NVTX range was pushed at its open and is not yet popped */
     long long h0, h1;
     long long entry; /* a device span: monotonic ns at its enter (when its start was queued); else 0 */
 } Span;

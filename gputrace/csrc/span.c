@@ -31,6 +31,8 @@ static void State_dealloc(State *st) {
 #undef X
     Py_CLEAR(st->src);
     Py_CLEAR(st->host_stack);
+    Py_CLEAR(st->nvtx_push_py);
+    Py_CLEAR(st->nvtx_pop_py);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(st);
     Py_DECREF(tp);
@@ -64,6 +66,22 @@ static State *state_from(PyObject *src) {
     if (!mono) goto fail;
     st->native_mono = (mono == st->mono);
     Py_DECREF(mono);
+    if (st->nvtx != Py_None) { /* read once here: the hot path calls what it holds */
+        void *push = NULL, *pop = NULL;
+        PyObject *v = PyObject_GetAttrString(st->nvtx, "push_addr");
+        if (v) { push = PyLong_AsVoidPtr(v); Py_DECREF(v); }
+        v = PyErr_Occurred() ? NULL : PyObject_GetAttrString(st->nvtx, "pop_addr");
+        if (v) { pop = PyLong_AsVoidPtr(v); Py_DECREF(v); }
+        if (PyErr_Occurred()) goto fail;
+        if (push && pop) {
+            st->nvtx_push = (int (*)(const char *))push;
+            st->nvtx_pop = (int (*)(void))pop;
+        } else if (!(st->nvtx_push_py = PyObject_GetAttrString(st->nvtx, "push")) ||
+                   !(st->nvtx_pop_py = PyObject_GetAttrString(st->nvtx, "pop"))) {
+            goto fail;
+        }
+        st->nvtx_on = 1;
+    }
     return st;
 fail:
     Py_DECREF(st);
@@ -289,6 +307,35 @@ static PyObject *close_span(State *st, Span *s) {
     Py_RETURN_NONE;
 }
 
+/* The NVTX range of a span (the nvtx option): pushed once its open is recorded, popped before its
+ * close is, so the range holds the user's code and not gputrace's. 0, or -1 with an exception. */
+static int nvtx_push(State *st, Span *s) {
+    if (st->nvtx_push) {
+        Py_ssize_t n;
+        const char *name = PyUnicode_Check(s->name) ? PyUnicode_AsUTF8AndSize(s->name, &n) : NULL;
+        if (!name) { PyErr_Clear(); name = "?"; } /* a name that is not text: a range all the same */
+        (void)st->nvtx_push(name);
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(st->nvtx_push_py, s->name, NULL);
+        if (!r) return -1;
+        Py_DECREF(r);
+    }
+    s->ranged = 1;
+    return 0;
+}
+
+static int nvtx_pop(State *st, Span *s) {
+    s->ranged = 0;
+    if (st->nvtx_pop) {
+        (void)st->nvtx_pop();
+        return 0;
+    }
+    PyObject *r = PyObject_CallNoArgs(st->nvtx_pop_py);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* open_span / close_span on the installed state, held for the call: a callback into Python
  * may install another state meanwhile, and this one must outlive the call. */
 static PyObject *open_installed(Span *s) {
@@ -297,6 +344,7 @@ static PyObject *open_installed(Span *s) {
     State *st = g_state;
     Py_INCREF(st);
     PyObject *r = open_span(st, s);
+    if (r && st->nvtx_on && !s->ranged && nvtx_push(st, s) < 0) Py_CLEAR(r);
     Py_DECREF(st);
     return r;
 }
@@ -304,7 +352,7 @@ static PyObject *open_installed(Span *s) {
 static PyObject *close_installed(Span *s) {
     State *st = g_state;
     Py_INCREF(st);
-    PyObject *r = close_span(st, s);
+    PyObject *r = (s->ranged && st->nvtx_on && nvtx_pop(st, s) < 0) ? NULL : close_span(st, s);
     Py_DECREF(st);
     return r;
 }
@@ -476,6 +524,7 @@ static PyMemberDef Span_members[] = {
     {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
+    {"ranged", T_BOOL, offsetof(Span, ranged), 0, "An NVTX range was pushed at its open and not yet popped."},
     {"entry", T_LONGLONG, offsetof(Span, entry), 0, "A device span: monotonic ns when the host entered it."},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(Span, vectorcall), READONLY, NULL},
