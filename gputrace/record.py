@@ -59,12 +59,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class _Stack(list["PySpan"]):
     """Open spans of one (thread, device, stream), innermost last. `device` and `stream` repeat
-    the track's, one attribute read away for the hot path."""
+    the track's, one attribute read away for the hot path; `raw` is the stream's raw handle (the
+    key it was found by; None on a host track), which runtime events are recorded on."""
 
-    __slots__ = ("track", "device", "stream")
+    __slots__ = ("track", "device", "stream", "raw")
     track: Track
     device: int | None
     stream: Any
+    raw: Any
 
 
 HOT_LAYOUT = 2
@@ -77,6 +79,7 @@ STACK_LAYOUT: tuple[tuple[str, str], ...] = (
     ("stack", "track"),  # _Stack's slots, in order
     ("stack", "device"),
     ("stack", "stream"),
+    ("stack", "raw"),
     ("local", "cuda"),  # HotState.local: a thread's stacks on devices and its host stack
     ("local", "host"),
 )
@@ -475,6 +478,7 @@ class Recorder:
                     track = self._add_track(key, dev, self.device.stream_for(dev), n, f"cuda:{dev} {label}")
             stack = _Stack()
             stack.track, stack.device, stack.stream = track, track.device, track.stream
+            stack.raw = None if key is None else key[1]
             if stacks is None:
                 self.hot.local.host = stack
             else:

@@ -127,3 +127,101 @@ def test_without_an_nvtx_the_option_is_said_once_and_spans_still_record(monkeypa
     rec = record.ACTIVE
     assert rec is not None and rec.hot.nvtx is None
     assert len(session.trace().spans) == 3
+
+
+# ---- real NVTX, seen by a tool NVTX loads itself (as Nsight Systems' is) -----------------------
+
+TOOL_SCRIPT = """
+import ctypes, json, os, sys
+if os.environ.get("PRELOAD"):
+    ctypes.CDLL(os.environ["PRELOAD"], mode=ctypes.RTLD_GLOBAL)
+import gputrace
+from gputrace import nvtx, record
+source, cuda = sys.argv[1], sys.argv[2] == "cuda"
+gputrace.enable(cuda=cuda, nvtx=True)
+rec = record.ACTIVE
+rec.hot.nvtx = nvtx.find(source)
+assert rec.hot.nvtx is not None, source
+record.set_recorder(rec, rec)
+for step in range(3):
+    with gputrace.span("step", step=step):
+        with gputrace.span("fwd"):
+            pass
+        with gputrace.span("host", timer_type="cpu"):
+            pass
+tool = ctypes.CDLL(os.environ["NVTX_INJECTION64_PATH"])
+tool.tool_names.restype = ctypes.c_char_p
+print(json.dumps({"pushes": tool.tool_pushes(), "pops": tool.tool_pops(), "depth": tool.tool_max_depth(),
+                  "names": tool.tool_names().decode().split(), "via": rec.hot.nvtx.source,
+                  "spans": len(gputrace.session.trace().spans)}))
+"""
+
+
+def build_tool(tmp_path: Any) -> str | None:
+    """tests/nvtx_tool.c built as a shared library, or None without a C compiler."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    out = str(tmp_path / "nvtx_tool.so")
+    src = Path(__file__).with_name("nvtx_tool.c")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, str(src)], check=True)
+    return out
+
+
+def run_with_tool(tool: str, source: str, cuda: bool, preload: str | None = None) -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NVTX_INJECTION64_PATH": tool, **({"PRELOAD": preload} if preload else {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", TOOL_SCRIPT, source, "cuda" if cuda else "cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def nvtx_library() -> str | None:
+    """A library of NVTX v3's real symbols on this machine (the CUDA toolkit's), or None."""
+    import glob
+
+    found = sorted(glob.glob("/usr/local/cuda*/lib*/libnvtx3interop.so.1"))
+    return found[-1] if found else None
+
+
+def expect_balanced(got: dict[str, Any]) -> None:
+    assert got["pushes"] == got["pops"] == 9 and got["depth"] == 2
+    assert got["names"] == ["step", "fwd", "host"] * 3  # pushed in open order
+    assert got["spans"] == 9
+
+
+@pytest.mark.skipif(native.hot is None, reason="the C build is not in use")
+def test_the_c_functions_push_ranges_a_tool_sees_on_a_cpu(tmp_path: Any) -> None:
+    lib = nvtx_library()
+    tool = build_tool(tmp_path)
+    if lib is None or tool is None:
+        pytest.skip("no NVTX library of real symbols or no C compiler here")
+    got = run_with_tool(tool, "runtime", cuda=False, preload=lib)
+    assert "libnvtx3interop" in got["via"]
+    expect_balanced(got)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("source", ["auto", "torch", "runtime"])
+def test_a_tool_sees_balanced_ranges_of_every_span_on_the_gpu(tmp_path: Any, source: str) -> None:
+    tool = build_tool(tmp_path)
+    if tool is None:
+        pytest.skip("no C compiler")
+    if source == "runtime" and nvtx.find("runtime") is None:
+        pytest.skip("no NVTX C functions are found here")
+    got = run_with_tool(tool, source, cuda=True)
+    expect_balanced(got)

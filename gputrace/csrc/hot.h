@@ -63,6 +63,13 @@ typedef struct {
     int (*nvtx_push)(const char *);
     int (*nvtx_pop)(void);
     PyObject *nvtx_push_py, *nvtx_pop_py;
+    /* cur_dev and raw_stream are torch's: asked of c10 from C (set_current), and the last device
+     * stack found kept for the thread, device and stream it was found for */
+    int c10_current;
+    uint64_t cuda_tid;
+    int cuda_dev;
+    void *cuda_raw;
+    PyObject *cuda_stack;
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
@@ -96,7 +103,7 @@ typedef struct {
 
 /* record.STACK_LAYOUT: what the hot path reads beside HotState, of a stack (record._Stack) and of
  * HotState.local (a thread's stacks), in the same order. */
-#define STACK_FIELDS(X) X(stack, track) X(stack, device) X(stack, stream) X(local, cuda) X(local, host)
+#define STACK_FIELDS(X) X(stack, track) X(stack, device) X(stack, stream) X(stack, raw) X(local, cuda) X(local, host)
 
 /* resolve.RESOLVE_LAYOUT: (what, attribute) for every attribute resolve and flush's split read of
  * the objects they are handed, in the same order; RESOLVE_LAYOUT_VERSION is the same number. */
@@ -109,6 +116,21 @@ typedef struct {
     X(event, query) X(event, cuda_event)
 
 /* ---- shared between the stages ------------------------------------------------------------ */
+
+/* events.c: a timing event made and recorded by the CUDA runtime (created at its first record). */
+typedef struct {
+    PyObject_HEAD
+    void *handle;  /* cudaEvent_t, NULL until the first record */
+    int device;    /* the device it was created on, -1 before */
+    char recorded;
+} RawEvent;
+extern PyTypeObject *gt_RawEventType;
+/* Record `ev` on the raw stream handle (creating it on the current device first): 0, or -1 with an
+ * exception set and the runtime's error cleared. */
+int gt_raw_record(RawEvent *ev, void *stream);
+/* The same where the current device may not be the event's (a close after a device switch): the
+ * device is set around the call, as torch's record does. */
+int gt_raw_record_on(RawEvent *ev, void *stream, int device);
 
 extern PyTypeObject *gt_SpanType; /* span.c: the Span type; resolve's loops take only its spans */
 
@@ -142,5 +164,6 @@ int gt_resolve_init(PyObject *m);
 int gt_encode_init(PyObject *m);
 int gt_digest_init(PyObject *m);
 int gt_writer_init(PyObject *m);
+int gt_events_init(PyObject *m);
 
 #endif /* GPUTRACE_HOT_H */
