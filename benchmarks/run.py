@@ -238,6 +238,109 @@ def bench_cuda_span(quick: bool) -> None:
     reset()
 
 
+def _runtime_floor(torch: Any, n: int) -> float | None:
+    """ns a span for n iterations of two cudaEventRecord calls on raw handles and the raw current
+    stream, in a C loop (the C build's helper), or None where the runtime's events are not had."""
+    from gputrace import cuda
+
+    raw = cuda.bind_runtime_events()
+    if raw is None:
+        return None
+    a, b = raw(), raw()
+    stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+    hot: Any = record._hot
+    return float(hot.record_floor(a, b, stream, n)) / n
+
+
+def bench_runtime_span(quick: bool) -> None:
+    """A CUDA span's enter/exit against the runtime's own floor (two cudaEventRecord calls from
+    C), measured in turns in one process: gputrace with the runtime's events, with torch's
+    events, and with NVTX ranges on (the C functions or torch's bindings)."""
+    import torch
+
+    from gputrace import nvtx
+    from gputrace.config import Config
+    from gputrace.cuda import CudaDevice
+    from gputrace.record import Recorder
+
+    number, repeats = (5_000, 5) if quick else (20_000, 15)
+    if _runtime_floor(torch, 100) is None:
+        print("  (no runtime events: the C build is not in use or the runtime's calls are not found)")
+        return
+    reset()
+    config = Config().replace(max_pending=1 << 30)
+    clock = gputrace.HostClock()
+    runtime_dev, torch_dev = CudaDevice(runtime=True), CudaDevice(runtime=False)
+    recorders = {
+        "runtime": Recorder(config, runtime_dev, clock),
+        "torch": Recorder(config, torch_dev, clock),
+        "nvtx C": Recorder(config, runtime_dev, clock),
+        "nvtx torch": Recorder(config, runtime_dev, clock),
+    }
+    ranges = {"nvtx C": nvtx.find("runtime"), "nvtx torch": nvtx.find("torch")}
+    for key, r in ranges.items():
+        if r is None:
+            del recorders[key]
+        else:
+            recorders[key].hot.nvtx = r
+    span = gputrace.span
+    timer = timeit.Timer("with span('x'): pass", globals={"span": span})
+    out: dict[str, list[float]] = {k: [] for k in ["floor", *recorders]}
+
+    def use(rec: Recorder) -> None:
+        session.SESSION.install(rec)
+
+    def drain() -> None:
+        torch.cuda.synchronize()
+        rec = record.ACTIVE
+        if rec is not None:
+            rec.flush(wait=True)
+
+    for key, rec in recorders.items():  # warm up: pools, tracks
+        use(rec)
+        timer.timeit(number)
+        drain()
+    for _ in range(repeats):
+        floor = _runtime_floor(torch, number)
+        assert floor is not None
+        out["floor"].append(floor)
+        for key, rec in recorders.items():
+            use(rec)
+            gc.disable()
+            try:
+                out[key].append(timer.timeit(number) / number * 1e9)
+            finally:
+                gc.enable()
+            drain()
+    g = "CUDA span vs the runtime"
+    floor_name = "floor: 2 cudaEventRecord on raw handles, C loop"
+    add(Row(g, floor_name, "ns", out["floor"]))
+    add(Row(g, "gputrace span, the runtime's events", "ns", out["runtime"], floor_name, "<= 1.2x", 1.2))
+    add(Row(g, "gputrace span, torch's events (the fallback)", "ns", out["torch"], floor_name))
+    if "nvtx C" in out:
+        add(
+            Row(
+                g,
+                "gputrace span + NVTX range (C functions)",
+                "ns",
+                out["nvtx C"],
+                "gputrace span, the runtime's events",
+            )
+        )
+    if "nvtx torch" in out:
+        add(
+            Row(
+                g,
+                "gputrace span + NVTX range (torch's bindings)",
+                "ns",
+                out["nvtx torch"],
+                "gputrace span, the runtime's events",
+            )
+        )
+    torch.cuda.synchronize()
+    reset()
+
+
 # ---- the whole cost of a span: enter/exit, the flush each step, the save ----------------------------
 
 
@@ -309,6 +412,10 @@ def _whole_cuda(steps: int, per: int, directory: str) -> dict[str, float]:
     hot: Any = getattr(record, "_hot", None)  # the C build in use, or None
     if hot is not None and cuda.bind_raw_elapsed(torch._C._CudaEventBase.elapsed_time):
         out["floor_raw"] = _event_timer(torch, x, stream, pools, steps, per, hot.raw_elapsed_ms)
+    # The runtime's floor: two cudaEventRecord calls a span from C, nothing read back.
+    floor_c = _runtime_floor(torch, steps * per)
+    if floor_c is not None:
+        out["floor_c"] = floor_c * steps * per / 1e9 + out["bare"]  # seconds, as the others
     for key, options in (("gputrace", {}), ("streamed", {"out_dir": os.path.join(directory, f"c{next(_RUNS)}")})):
         reset()
         gputrace.enable(**options)
@@ -397,6 +504,20 @@ def bench_whole(quick: bool, cuda: bool) -> None:
                 add(Row(g, f"part: the save{label}", "ns", per_span[key + ":save"], floor))
         if "floor_raw" in per_span:
             add(Row(g, "floor with the runtime's cudaEventElapsedTime from C", "ns", per_span["floor_raw"], floor))
+        if "floor_c" in per_span:
+            floor_c = "floor: 2 cudaEventRecord on raw handles, C loop"
+            add(Row(g, floor_c, "ns", per_span["floor_c"]))
+            add(
+                Row(
+                    g,
+                    "gputrace (span + flushes + save) / the runtime floor",
+                    "ns",
+                    per_span["gputrace"],
+                    floor_c,
+                    "<= 1.5x",
+                    1.5,
+                )
+            )
     _auto_resolve_pause(quick)
 
 
@@ -860,6 +981,7 @@ def table() -> str:
 SECTIONS = {
     "host": lambda q, cuda: bench_host(q),
     "cuda": lambda q, cuda: cuda and bench_cuda_span(q),
+    "runtime": lambda q, cuda: cuda and bench_runtime_span(q),
     "step": lambda q, cuda: cuda and bench_step(q),
     "anchor": lambda q, cuda: cuda and bench_anchor(q),
     "pipeline": lambda q, cuda: (bench_pipeline(q, False), cuda and bench_pipeline(q, True)),

@@ -55,6 +55,10 @@ class Config:
         default="step",
         metadata={"help": "the span that marks one training step, for the step digest written beside the trace"},
     )
+    nvtx: bool = dataclasses.field(
+        default=False,
+        metadata={"help": "push and pop an NVTX range named like each span, so Nsight Systems shows the same ranges"},
+    )
     rank: int | None = dataclasses.field(
         default=None,
         metadata={"help": "rank of this process, when neither torch.distributed nor RANK gives it"},

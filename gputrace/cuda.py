@@ -14,7 +14,12 @@ from typing import Any
 
 
 class CudaDevice:
-    def __init__(self) -> None:
+    """`runtime` None: the CUDA runtime's own events (`_hot.RawEvent`, recorded from C with
+    cudaEventRecord) where the C build is in use and the runtime's calls are found, else torch's;
+    True or False asks for one (True falls back to torch's where they cannot be had).
+    `events` says which it uses: "runtime" or "torch"."""
+
+    def __init__(self, runtime: bool | None = None) -> None:
         import torch
 
         self._torch: Any = torch  # torch's private calls below are untyped
@@ -26,10 +31,22 @@ class CudaDevice:
         self.record: Callable[[Any, Any], None] = c._CudaEventBase.record
         self.elapsed: Callable[[Any, Any], float] = c._CudaEventBase.elapsed_time
         self.is_capturing: Callable[[], bool] = c._cuda_isCurrentStreamCapturing
-        self._event: Any = torch.cuda.Event
+        event: Any = torch.cuda.Event
+        self._event: Callable[[], Any] = lambda: event(enable_timing=True)
         self._memory_stats: Callable[[int], Any] | None = getattr(c, "_cuda_memoryStats", None)
         self._side: dict[int, Any] = {}
         watch_graph_capture(torch)
+        self.events = "torch"
+        if runtime is not False:
+            raw = bind_runtime_events()
+            if raw is not None:
+                # The same methods on the runtime's events: anchors, flush's split and resolve
+                # take them as they take torch's.
+                self._event = raw
+                self.record = raw.record
+                self.elapsed = raw.elapsed_time
+                self.events = "runtime"
+                bind_current_stream(torch, self.current_device, self.raw_stream)
         bind_raw_elapsed(self.elapsed)
 
     def count(self) -> int:
@@ -40,7 +57,7 @@ class CudaDevice:
         return dev == self.current_device() and self._torch.cuda.is_initialized()
 
     def new_event(self) -> Any:
-        return self._event(enable_timing=True)
+        return self._event()
 
     def stream_for(self, dev: int) -> Any:
         """The current stream of `dev` as a Stream object (slow path, once per track)."""
@@ -108,6 +125,87 @@ def runtime_calls() -> tuple[int, int, int] | None:
         return None
     addresses = tuple(ctypes.cast(c, ctypes.c_void_p).value or 0 for c in calls)
     return addresses if all(addresses) else None  # type: ignore[return-value]
+
+
+_EVENT_CALLS = (
+    "cudaEventCreateWithFlags",
+    "cudaEventRecord",
+    "cudaEventQuery",
+    "cudaEventSynchronize",
+    "cudaEventDestroy",
+    "cudaEventElapsedTime",
+    "cudaGetLastError",
+    "cudaGetDevice",
+    "cudaSetDevice",
+)
+
+
+def event_calls() -> dict[str, int] | None:
+    """The addresses of the CUDA runtime's event calls (`_EVENT_CALLS`) as torch's CUDA library
+    resolves them, or None where any cannot be found."""
+    path = loaded_library("libtorch_cuda.so")
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        found = {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0 for name in _EVENT_CALLS}
+    except (OSError, AttributeError):
+        return None
+    return found if all(found.values()) else None
+
+
+def bind_runtime_events() -> Any:
+    """The C build's RawEvent type, its runtime calls bound, or None: no C build in use, or the
+    calls not found (torch's events then)."""
+    from gputrace import native
+
+    hot: Any = native.hot
+    if hot is None or not hasattr(hot, "RawEvent"):
+        return None
+    calls = event_calls()
+    if calls is None:
+        return None
+    hot.set_runtime(calls)
+    return hot.RawEvent
+
+
+_C10_CALLS = (
+    "_ZN3c104cuda14current_deviceEv",  # c10::cuda::current_device()
+    "_ZN3c104cuda20getCurrentCUDAStreamEa",  # c10::cuda::getCurrentCUDAStream(DeviceIndex)
+    "_ZNK3c104cuda10CUDAStream6streamEv",  # c10::cuda::CUDAStream::stream() const
+)
+
+
+def bind_current_stream(torch: Any, device: Callable[[], int], raw_stream: Callable[[int], int]) -> bool:
+    """Let the C hot path ask c10 itself for torch's current device and raw current stream (the
+    calls torch's bindings `device` and `raw_stream` make, without pybind around them). Bound
+    only once they give the bindings' answers on the default stream and on another; otherwise,
+    or where the symbols are not found, the bindings stay. True when bound."""
+    from gputrace import native
+
+    hot: Any = native.hot
+    path = loaded_library("libc10_cuda.so")
+    if hot is None or not hasattr(hot, "set_current") or path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(path)
+        addrs = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0 for name in _C10_CALLS]
+    except (OSError, AttributeError):
+        return False
+    if not all(addrs):
+        return False
+    hot.set_current(*addrs, device, raw_stream)
+    try:
+        dev = device()
+        agree = bool(hot.current_stream() == (dev, raw_stream(dev)))
+        with torch.cuda.stream(torch.cuda.Stream()):
+            agree = agree and bool(hot.current_stream() == (dev, raw_stream(dev)))
+        agree = agree and bool(hot.current_stream() == (dev, raw_stream(dev)))
+    except Exception:  # noqa: BLE001 - any failure leaves the bindings in place
+        agree = False
+    if not agree:
+        hot.set_current(0, 0, 0, None, None)
+    return agree
 
 
 def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:

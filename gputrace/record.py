@@ -59,15 +59,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class _Stack(list["PySpan"]):
     """Open spans of one (thread, device, stream), innermost last. `device` and `stream` repeat
-    the track's, one attribute read away for the hot path."""
+    the track's, one attribute read away for the hot path; `raw` is the stream's raw handle (the
+    key it was found by; None on a host track), which runtime events are recorded on."""
 
-    __slots__ = ("track", "device", "stream")
+    __slots__ = ("track", "device", "stream", "raw")
     track: Track
     device: int | None
     stream: Any
+    raw: Any
 
 
-HOT_LAYOUT = 1
+HOT_LAYOUT = 2
 """The version of `HotState`'s layout. `csrc/hot.h` declares the same number and the same slots in
 the same order; importing gputrace fails when a C build disagrees, rather than a span failing
 mid-run. Change the number with any change to what a slot holds."""
@@ -77,6 +79,7 @@ STACK_LAYOUT: tuple[tuple[str, str], ...] = (
     ("stack", "track"),  # _Stack's slots, in order
     ("stack", "device"),
     ("stack", "stream"),
+    ("stack", "raw"),
     ("local", "cuda"),  # HotState.local: a thread's stacks on devices and its host stack
     ("local", "host"),
 )
@@ -114,6 +117,7 @@ class HotState:
         "close_unusual",  # (span) -> bool: a close not of the innermost open span; True: record its end
         "pending_full",  # () -> None
         "close_by_name",  # (handle) -> None: .end() on a handle that was never started
+        "nvtx",  # gputrace.nvtx.Ranges: an NVTX range per span (the nvtx option), or None: off
     )
 
     local: threading.local
@@ -133,6 +137,7 @@ class HotState:
     close_unusual: Callable[[Any], bool]
     pending_full: Callable[[], None]
     close_by_name: Callable[[Any], None]
+    nvtx: Any
 
     def __init__(self, **fields: Any) -> None:
         missing = set(HotState.__slots__) - set(fields)
@@ -150,7 +155,7 @@ class PySpan:
     unset until the span opens (None if it was skipped). The hot path sets as few fields as it
     can: `id` is given at resolve time, `error` only on an exception."""
 
-    __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "error")
+    __slots__ = ("name", "args", "stack", "parent", "id", "gen", "t0", "t1", "entry", "error", "ranged")
     name: str
     args: dict[str, Any] | None
     # Unset until opened. Typed without None, which only a span skipped in CUDA graph capture
@@ -161,7 +166,9 @@ class PySpan:
     gen: int  # device spans: the first anchor that can follow the start event
     t0: Any  # a CUDA event, or monotonic ns
     t1: Any
+    entry: int  # device spans: monotonic ns when the host entered it (queued its start event)
     error: str  # the exception's type name, set only on one
+    ranged: bool  # an NVTX range was pushed at its open and not yet popped (the nvtx option)
     cuda: bool = True  # class-level defaults; OptSpan holds them per span
     sync: bool = False
     owner: Any = None
@@ -325,11 +332,13 @@ class Recorder:
             close_unusual=self._close_unusual,
             pending_full=self._pending_full,
             close_by_name=self.close_by_name,
+            nvtx=_find_nvtx(config.nvtx),
         )
         # The C hot path when it is built (same logic; this class's _open_py/_close_py are the
         # reference and the fallback).
-        self.open: Callable[[Any], None] = _hot.open if _hot is not None else self._open_py
-        self.close: Callable[[Any], None] = _hot.close if _hot is not None else self._close_py
+        self.open: Callable[[Any], None]
+        self.close: Callable[[Any], None]
+        self.open, self.close = (_hot.open, _hot.close) if _hot is not None else self._twin()
         if device is not None:
             for _ in range(ndev):
                 self.timelines.append(DeviceTimeline(getattr(device, "elapsed", None)))
@@ -354,7 +363,33 @@ class Recorder:
         """Per device: the index the next anchor will get."""
         return self.hot.gens
 
+    def set_nvtx(self, on: bool) -> None:
+        """Turn NVTX ranges on or off for spans opened from now on (install the recorder again)."""
+        self.hot.nvtx = _find_nvtx(on)
+
     # ---- hot path -------------------------------------------------------------------------
+
+    def _twin(self) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+        """The Python twin's open and close: with NVTX ranges only while the option is on, so
+        spans pay nothing for it off."""
+        if self.hot.nvtx is None:
+            return self._open_py, self._close_py
+        return self._open_nvtx, self._close_nvtx
+
+    def _open_nvtx(self, s: Any) -> None:
+        # As the C path: pushed once the open is recorded, popped before the close is.
+        self._open_py(s)
+        ranges = self.hot.nvtx
+        if ranges is not None and not getattr(s, "ranged", False):
+            ranges.push(s.name)
+            s.ranged = True
+
+    def _close_nvtx(self, s: Any) -> None:
+        ranges = self.hot.nvtx
+        if getattr(s, "ranged", False) and ranges is not None:
+            s.ranged = False
+            ranges.pop()
+        self._close_py(s)
 
     def _open_py(self, s: Any) -> None:
         h = self.hot
@@ -373,6 +408,8 @@ class Recorder:
                     return
             if s.sync:
                 self.device.synchronize()
+            # The host moment the start is queued: one clock read, the host spans' own clock.
+            s.entry = h.mono()
             try:  # not `if pool`: another thread may take the last event in between
                 ev = h.pools[dev].pop()
             except IndexError:
@@ -441,6 +478,7 @@ class Recorder:
                     track = self._add_track(key, dev, self.device.stream_for(dev), n, f"cuda:{dev} {label}")
             stack = _Stack()
             stack.track, stack.device, stack.stream = track, track.device, track.stream
+            stack.raw = None if key is None else key[1]
             if stacks is None:
                 self.hot.local.host = stack
             else:
@@ -642,7 +680,7 @@ class Recorder:
                     if end is None:
                         end = ends[id(s.stack)] = self._new_event()
                         self._record(end, s.stack.stream)
-                    c.gen, c.t1 = s.gen, end
+                    c.gen, c.t1, c.entry = s.gen, end, s.entry
                 copies.append(c)
             if copies:
                 if self.device is not None:
@@ -901,7 +939,7 @@ def set_recorder(rec: Recorder | None, active: Recorder | None) -> None:
     STATE.recorder, STATE.active = rec, active
     RECORDER, ACTIVE = rec, active
     if active is not None:  # it records through the implementation in use (one built before a switch too)
-        active.open, active.close = (_hot.open, _hot.close) if _hot is not None else (active._open_py, active._close_py)
+        active.open, active.close = (_hot.open, _hot.close) if _hot is not None else active._twin()
     if _hot is not None:
         # Reads the whole state first, then switches in one step: a thread inside a span
         # meanwhile still sees the previous state, complete.
@@ -935,6 +973,23 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _find_nvtx(on: bool) -> Any:
+    """The NVTX functions for the nvtx option (None: off, or none found, said once)."""
+    if not on:
+        return None
+    from gputrace import nvtx
+
+    ranges = nvtx.find()
+    if ranges is None:
+        warn_once(
+            "nvtx",
+            "gputrace: nvtx is on but no NVTX was found (torch without CUDA, or no NVTX library); "
+            "spans are recorded without NVTX ranges",
+            stacklevel=4,
+        )
+    return ranges
 
 
 def _pop_or(pool: list[Any], make: Callable[[], Any]) -> Any:

@@ -44,6 +44,8 @@ class SpanStore:
         self.track = array("l")
         self.start = array("q")
         self.end = array("q")
+        # Device spans: the host moment each was entered (epoch ns); host spans: 0 (their start is it).
+        self.entry = array("q")
         self.args: list[dict[str, Any] | None] = []
         self.dropped = 0
         self._last_id = 0
@@ -53,7 +55,7 @@ class SpanStore:
 
     def clear(self) -> None:
         """Forget the rows (they have been written); names, ids and counts go on."""
-        for col in (self.name, self.track, self.start, self.end):
+        for col in (self.name, self.track, self.start, self.end, self.entry):
             del col[:]
         self.args = []
 
@@ -62,10 +64,11 @@ class SpanStore:
         ids and counts go on). The caller holds the lock resolves into this store under."""
         taken = SpanStore(self.capacity)
         taken.names, taken._name_index = self.names, self._name_index
-        taken.name, taken.track, taken.start, taken.end, taken.args = (
-            self.name, self.track, self.start, self.end, self.args
+        taken.name, taken.track, taken.start, taken.end, taken.entry, taken.args = (
+            self.name, self.track, self.start, self.end, self.entry, self.args
         )  # fmt: skip
         self.name, self.track, self.start, self.end = array("l"), array("l"), array("q"), array("q")
+        self.entry = array("q")
         self.args = []
         return taken
 
@@ -74,6 +77,7 @@ class SpanStore:
         copied = SpanStore(self.capacity)
         copied.names, copied._name_index = self.names, self._name_index
         copied.name, copied.track, copied.start, copied.end = self.name[:], self.track[:], self.start[:], self.end[:]
+        copied.entry = self.entry[:]
         copied.args = self.args[:]
         copied.dropped = self.dropped
         return copied
@@ -99,18 +103,22 @@ class SpanStore:
         starts: list[int],
         ends: list[int],
         args: list[dict[str, Any] | None],
+        entries: list[int] | None = None,
     ) -> None:
-        """Append rows column by column (one call per column, not per row)."""
+        """Append rows column by column (one call per column, not per row); `entries` None: 0 each."""
         room = max(self.capacity - len(self.start), 0)
+        if entries is None:
+            entries = [0] * len(starts)
         if len(starts) > room:
             self.dropped += len(starts) - room
             names, tracks, starts, ends = names[:room], tracks[:room], starts[:room], ends[:room]
-            args = args[:room]
+            args, entries = args[:room], entries[:room]
         index = self._name_index
         self.name.extend([index[n] if n in index else self.intern(n) for n in names])
         self.track.extend(tracks)
         self.start.extend(starts)
         self.end.extend(ends)
+        self.entry.extend(entries)
         self.args.extend(args)
 
 
@@ -137,6 +145,7 @@ def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClo
     tracks: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
+    entries: list[int] = []
     argss: list[dict[str, Any] | None] = []
     id_of = store.id_of
     extent = store.child_extent
@@ -145,6 +154,7 @@ def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClo
         dev = track.device
         if dev is None:
             start, end = s.t0 + offset, s.t1 + offset
+            entry = 0  # a host span is entered at its start
         else:
             tl = timelines[dev]
             a = tl.locate(s.t0, s.gen)
@@ -161,6 +171,7 @@ def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClo
             events.append(s.t0)
             events.append(s.t1)
             s.t0 = s.t1 = 0  # the events are no longer the span's
+            entry = s.entry + offset
         args = s.args
         error = getattr(s, "error", None)
         if error is not None:
@@ -174,13 +185,14 @@ def resolve_py(done: list[Span], timelines: list[DeviceTimeline], clock: HostClo
         tracks.append(track.index)
         starts.append(start)
         ends.append(end)
+        entries.append(entry)
         argss.append(args)
         if s.owner is not None:
             ns = durations.get(s.owner)
             if ns is None:
                 ns = durations[s.owner] = []
             ns.append(end - start)
-    store.extend(names, tracks, starts, ends, argss)
+    store.extend(names, tracks, starts, ends, argss, entries)
     return later, freed, durations
 
 
@@ -204,7 +216,7 @@ def _take_in_children(extent: dict[int, tuple[int, int]], sid: int, start: int, 
 ROUNDING_NS = 1_000
 
 
-RESOLVE_LAYOUT_VERSION = 1
+RESOLVE_LAYOUT_VERSION = 2
 RESOLVE_LAYOUT: tuple[tuple[str, str], ...] = (
     # (what, attribute): every attribute resolve and flush's split read, in the C build's order.
     ("stack", "track"),  # a span's stack (record._Stack): its track
@@ -216,6 +228,7 @@ RESOLVE_LAYOUT: tuple[tuple[str, str], ...] = (
     ("store", "track"),
     ("store", "start"),
     ("store", "end"),
+    ("store", "entry"),
     ("store", "args"),
     ("store", "capacity"),
     ("store", "dropped"),

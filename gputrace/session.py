@@ -126,6 +126,8 @@ class Session:
             self.stream = None
             self.sinks = []
         rec.config = new
+        if new.nvtx != old.nvtx:
+            rec.set_nvtx(new.nvtx)  # installed again by the caller
         rec.store.capacity = new.max_spans
         rec._check_at = len(rec.pending) + new.max_pending
 
@@ -251,6 +253,7 @@ class Session:
         trace.names = store.names
         trace._name_index = store._name_index
         trace.spans = SpanColumns.wrap(store.name, store.track, store.start, store.end, store.args)
+        trace.spans.entry = store.entry
         c = self.counters
         if len(c):
             trace.counters.track.extend(t + n_tracks for t in c.track)
@@ -518,6 +521,7 @@ class Session:
             full = SpanColumns()
             full.extend(trace.spans.name, trace.spans.track, trace.spans.start, trace.spans.end, trace.spans.args)
             full.extend(snapshot.name, snapshot.track, snapshot.start, snapshot.end, snapshot.args)
+            full.entry = store.entry + snapshot.entry
             trace.spans = full
         return trace
 

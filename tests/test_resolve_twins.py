@@ -69,7 +69,7 @@ def workload(seed: int, max_spans: int, fake: FakeDevice | None = None) -> dict[
     st = rec.store
     return {
         "names": list(st.names),
-        "columns": [list(c) for c in (st.name, st.track, st.start, st.end)],
+        "columns": [list(c) for c in (st.name, st.track, st.start, st.end, st.entry)],
         "args": list(st.args),
         "dropped": st.dropped,
         "last_id": st._last_id,

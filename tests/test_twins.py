@@ -184,6 +184,7 @@ def test_the_c_path_runs_from_the_declared_state_alone() -> None:
         close_unusual=unexpected,
         pending_full=unexpected,
         close_by_name=unexpected,
+        nvtx=None,
     )
     hot.install(state, True)
     try:

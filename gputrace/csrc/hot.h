@@ -40,12 +40,12 @@
 
 /* ---- the hot state ------------------------------------------------------------------------ */
 
-#define HOT_LAYOUT 1
+#define HOT_LAYOUT 2
 /* record.HotState.__slots__, in order. */
 #define HOT_FIELDS(X)                                                                                  \
     X(local) X(has_device) X(cur_dev) X(raw_stream) X(capturing) X(new_event) X(record) X(pools) X(gens) \
     X(mono) X(pending) X(check_at) X(open_slow) X(close_slow) X(close_unusual) X(pending_full)          \
-    X(close_by_name)
+    X(close_by_name) X(nvtx)
 
 typedef struct {
     PyObject_HEAD
@@ -58,6 +58,18 @@ typedef struct {
     Py_ssize_t n_check_at;   /* check_at, kept current by set_check_at() */
     uint64_t host_tid;       /* the thread (its thread state's id, never reused) whose host stack... */
     PyObject *host_stack;    /* ...this is: local.host without the thread-local lookup, or NULL */
+    /* nvtx (a gputrace.nvtx.Ranges, or None: off): C functions where found, else Python ones */
+    int nvtx_on;
+    int (*nvtx_push)(const char *);
+    int (*nvtx_pop)(void);
+    PyObject *nvtx_push_py, *nvtx_pop_py;
+    /* cur_dev and raw_stream are torch's: asked of c10 from C (set_current), and the last device
+     * stack found kept for the thread, device and stream it was found for */
+    int c10_current;
+    uint64_t cuda_tid;
+    int cuda_dev;
+    void *cuda_raw;
+    PyObject *cuda_stack;
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
@@ -76,7 +88,9 @@ typedef struct {
     /* A host span's times, held as nanoseconds rather than as int objects (ns0/ns1 set; t0/t1
      * NULL): Python reads and writes them as `t0`/`t1` all the same (Span_getset). */
     char ns0, ns1;
+    char ranged; /* an NVTX range was pushed at its open and is not yet popped */
     long long h0, h1;
+    long long entry; /* a device span: monotonic ns at its enter (when its start was queued); else 0 */
 } Span;
 
 
@@ -89,19 +103,34 @@ typedef struct {
 
 /* record.STACK_LAYOUT: what the hot path reads beside HotState, of a stack (record._Stack) and of
  * HotState.local (a thread's stacks), in the same order. */
-#define STACK_FIELDS(X) X(stack, track) X(stack, device) X(stack, stream) X(local, cuda) X(local, host)
+#define STACK_FIELDS(X) X(stack, track) X(stack, device) X(stack, stream) X(stack, raw) X(local, cuda) X(local, host)
 
 /* resolve.RESOLVE_LAYOUT: (what, attribute) for every attribute resolve and flush's split read of
  * the objects they are handed, in the same order; RESOLVE_LAYOUT_VERSION is the same number. */
-#define RESOLVE_LAYOUT_VERSION 1
+#define RESOLVE_LAYOUT_VERSION 2
 #define RESOLVE_FIELDS(X)                                                                                    \
     X(stack, track) X(track, index) X(track, device) X(store, names) X(store, _name_index) X(store, name)    \
-    X(store, track) X(store, start) X(store, end) X(store, args) X(store, capacity) X(store, dropped)        \
+    X(store, track) X(store, start) X(store, end) X(store, entry) X(store, args) X(store, capacity) X(store, dropped)        \
     X(store, _last_id) X(store, child_extent) X(timeline, _elapsed) X(timeline, anchors)                     \
     X(timeline, segment_ms) X(timeline, locate) X(timeline, to_host_ns) X(anchor, event) X(anchor, host_ns) \
     X(event, query) X(event, cuda_event)
 
 /* ---- shared between the stages ------------------------------------------------------------ */
+
+/* events.c: a timing event made and recorded by the CUDA runtime (created at its first record). */
+typedef struct {
+    PyObject_HEAD
+    void *handle;  /* cudaEvent_t, NULL until the first record */
+    int device;    /* the device it was created on, -1 before */
+    char recorded;
+} RawEvent;
+extern PyTypeObject *gt_RawEventType;
+/* Record `ev` on the raw stream handle (creating it on the current device first): 0, or -1 with an
+ * exception set and the runtime's error cleared. */
+int gt_raw_record(RawEvent *ev, void *stream);
+/* The same where the current device may not be the event's (a close after a device switch): the
+ * device is set around the call, as torch's record does. */
+int gt_raw_record_on(RawEvent *ev, void *stream, int device);
 
 extern PyTypeObject *gt_SpanType; /* span.c: the Span type; resolve's loops take only its spans */
 
@@ -135,5 +164,6 @@ int gt_resolve_init(PyObject *m);
 int gt_encode_init(PyObject *m);
 int gt_digest_init(PyObject *m);
 int gt_writer_init(PyObject *m);
+int gt_events_init(PyObject *m);
 
 #endif /* GPUTRACE_HOT_H */

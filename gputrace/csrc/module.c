@@ -40,7 +40,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *m = PyModule_Create(&hot_module);
     if (!m) return NULL;
     if (gt_span_init(m) < 0 || gt_resolve_init(m) < 0 || gt_encode_init(m) < 0 || gt_digest_init(m) < 0 ||
-        gt_writer_init(m) < 0)
+        gt_writer_init(m) < 0 || gt_events_init(m) < 0)
         goto fail;
     PyObject *layout = layout_tuple();
     if (!layout || PyModule_AddObject(m, "LAYOUT", layout) < 0) { Py_XDECREF(layout); goto fail; }

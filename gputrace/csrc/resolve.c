@@ -416,7 +416,7 @@ PyDoc_STRVAR(resolve_doc,
              "(nothing done) when a span is of another type: the Python twin resolves those.");
 
 typedef struct {
-    long long start, end;
+    long long start, end, entry;
     long track;
 } Row;
 
@@ -472,7 +472,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         Span *s = (Span *)PyList_GetItem(done, i);
         Span *parent = (s->parent && s->parent != Py_None) ? (Span *)s->parent : NULL;
         Py_ssize_t dv = dev_of[i];
-        long long start, end;
+        long long start, end, entry = 0; /* a host span is entered at its start: 0 */
         if (dv < 0) {
             if (gt_span_host_times(s, &start, &end) != 0) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "resolve: a host span's times are not ints");
@@ -526,6 +526,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             if (!zero) goto done_;
             SETREF(s->t0, Py_NewRef(zero));
             SETREF(s->t1, zero); /* the events are no longer the span's */
+            entry = s->entry + offset;
         }
         PyObject *a = s->args ? s->args : Py_None;
         if (s->error && s->error != Py_None) {
@@ -547,6 +548,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         Row *row = &rows[nrows];
         row->start = start;
         row->end = end;
+        row->entry = entry;
         row->track = track_of[i];
         names[nrows] = Py_NewRef(s->name);
         nrows++;
@@ -589,7 +591,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
         PyObject *namelist = index ? PyObject_GetAttr(store, a_store_names) : NULL;
         if (!namelist) { Py_XDECREF(index); goto done_; }
         long *cn = PyMem_Malloc(sizeof(long) * 2 * (size_t)(keep ? keep : 1));
-        long long *cq = PyMem_Malloc(sizeof(long long) * 2 * (size_t)(keep ? keep : 1));
+        long long *cq = PyMem_Malloc(sizeof(long long) * 3 * (size_t)(keep ? keep : 1));
         int bad = !cn || !cq || !PyDict_Check(index) || !PyList_Check(namelist);
         if (!cn || !cq) PyErr_NoMemory();
         else if (bad) PyErr_SetString(PyExc_TypeError, "resolve: the store's names are not a list and a dict");
@@ -616,6 +618,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             cn[keep + j] = rows[j].track;
             cq[j] = rows[j].start;
             cq[keep + j] = rows[j].end;
+            cq[2 * keep + j] = rows[j].entry;
         }
         Py_DECREF(index);
         Py_DECREF(namelist);
@@ -623,7 +626,8 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
             bad = column_extend(store, a_store_name, cn, sizeof(long), keep) < 0 ||
                   column_extend(store, a_store_track, cn + keep, sizeof(long), keep) < 0 ||
                   column_extend(store, a_store_start, cq, sizeof(long long), keep) < 0 ||
-                  column_extend(store, a_store_end, cq + keep, sizeof(long long), keep) < 0;
+                  column_extend(store, a_store_end, cq + keep, sizeof(long long), keep) < 0 ||
+                  column_extend(store, a_store_entry, cq + 2 * keep, sizeof(long long), keep) < 0;
         }
         PyMem_Free(cn);
         PyMem_Free(cq);

@@ -31,6 +31,9 @@ static void State_dealloc(State *st) {
 #undef X
     Py_CLEAR(st->src);
     Py_CLEAR(st->host_stack);
+    Py_CLEAR(st->nvtx_push_py);
+    Py_CLEAR(st->nvtx_pop_py);
+    Py_CLEAR(st->cuda_stack);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(st);
     Py_DECREF(tp);
@@ -43,6 +46,51 @@ static PyType_Slot State_slots[] = {
 };
 
 static PyType_Spec State_spec = {"gputrace._hot._State", sizeof(State), 0, Py_TPFLAGS_DEFAULT, State_slots};
+
+/* torch's current device and current stream, asked of c10 itself (libc10_cuda's exported
+ * c10::cuda::current_device, getCurrentCUDAStream and CUDAStream::stream), standing in for
+ * torch's Python bindings of the same calls (~0.2-0.3 us each through pybind on the H200 VM).
+ * Set by cuda.py (set_current), which checks them against the bindings first. A CUDAStream is
+ * 16 trivially copyable bytes (a c10::Stream: device, then a 64-bit stream id), returned in
+ * registers. */
+typedef struct {
+    int64_t device, id;
+} C10Stream;
+static int8_t (*g_c10_device)(void);
+static C10Stream (*g_c10_stream)(int8_t device);
+static void *(*g_c10_raw)(const C10Stream *stream);
+static PyObject *g_device_for, *g_stream_for; /* the bindings they stand in for */
+
+PyDoc_STRVAR(set_current_doc,
+             "set_current($module, device, stream, raw, device_for, stream_for, /)\n--\n\n"
+             "Ask torch's current device and raw current stream of c10 from C, at these addresses\n"
+             "(c10::cuda::current_device, c10::cuda::getCurrentCUDAStream, CUDAStream::stream), where the\n"
+             "recorder's own calls are `device_for` and `stream_for` (torch's bindings); 0s turn it off.");
+
+static PyObject *hot_set_current(PyObject *self, PyObject *args) {
+    PyObject *d, *st, *r, *dfor, *sfor;
+    if (!PyArg_ParseTuple(args, "OOOOO", &d, &st, &r, &dfor, &sfor)) return NULL;
+    void *pd = PyLong_AsVoidPtr(d), *ps = PyLong_AsVoidPtr(st), *pr = PyLong_AsVoidPtr(r);
+    if (PyErr_Occurred()) return NULL;
+    int on = pd && ps && pr;
+    g_c10_device = on ? (int8_t(*)(void))pd : NULL;
+    g_c10_stream = on ? (C10Stream(*)(int8_t))ps : NULL;
+    g_c10_raw = on ? (void *(*)(const C10Stream *))pr : NULL;
+    SETREF(g_device_for, on ? Py_NewRef(dfor) : NULL);
+    SETREF(g_stream_for, on ? Py_NewRef(sfor) : NULL);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(current_stream_doc,
+             "current_stream($module, /)\n--\n\n"
+             "(device, raw stream) as the C hot path reads them through set_current's calls, or None.");
+
+static PyObject *hot_current_stream(PyObject *self, PyObject *unused) {
+    if (!g_c10_device) Py_RETURN_NONE;
+    int8_t d = g_c10_device();
+    C10Stream cs = g_c10_stream(d);
+    return Py_BuildValue("(iN)", (int)d, PyLong_FromVoidPtr(g_c10_raw(&cs)));
+}
 
 /* A new State read from the HotState `src`, or NULL with an exception set. Runs Python code
  * (attribute reads), so nothing global may change until it is complete. */
@@ -64,6 +112,23 @@ static State *state_from(PyObject *src) {
     if (!mono) goto fail;
     st->native_mono = (mono == st->mono);
     Py_DECREF(mono);
+    st->c10_current = g_c10_device && st->cur_dev == g_device_for && st->raw_stream == g_stream_for;
+    if (st->nvtx != Py_None) { /* read once here: the hot path calls what it holds */
+        void *push = NULL, *pop = NULL;
+        PyObject *v = PyObject_GetAttrString(st->nvtx, "push_addr");
+        if (v) { push = PyLong_AsVoidPtr(v); Py_DECREF(v); }
+        v = PyErr_Occurred() ? NULL : PyObject_GetAttrString(st->nvtx, "pop_addr");
+        if (v) { pop = PyLong_AsVoidPtr(v); Py_DECREF(v); }
+        if (PyErr_Occurred()) goto fail;
+        if (push && pop) {
+            st->nvtx_push = (int (*)(const char *))push;
+            st->nvtx_pop = (int (*)(void))pop;
+        } else if (!(st->nvtx_push_py = PyObject_GetAttrString(st->nvtx, "push")) ||
+                   !(st->nvtx_pop_py = PyObject_GetAttrString(st->nvtx, "pop"))) {
+            goto fail;
+        }
+        st->nvtx_on = 1;
+    }
     return st;
 fail:
     Py_DECREF(st);
@@ -143,16 +208,35 @@ static int mono_ns(State *st, long long *out) {
 
 /* ---- open / close -------------------------------------------------------------------------- */
 
-/* The stack for this span on this thread, or NULL with no error set: take the slow path. */
-static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
+/* The stack for this span on this thread, or NULL with no error set: take the slow path. A device
+ * span's stack comes with its device and the raw current stream it is keyed by. */
+static PyObject *find_stack(State *st, Span *s, PyObject **dev_out, void **raw_out) {
     *dev_out = NULL;
     if (s->cuda && st->has_dev) {
+        PyObject *dev, *raw;
+        uint64_t tid = 0;
+        if (st->c10_current) {
+            int8_t d = g_c10_device();
+            C10Stream cs = g_c10_stream(d);
+            void *rp = g_c10_raw(&cs);
+            tid = PyThreadState_GetID(PyThreadState_Get());
+            *raw_out = rp;
+            if (!(dev = PyLong_FromLong(d))) return NULL;
+            /* The same thread, device and stream as the last span: the same stack (a key's stack
+             * never changes for one recorder). */
+            if (st->cuda_stack && st->cuda_tid == tid && st->cuda_dev == d && st->cuda_raw == rp) {
+                *dev_out = dev;
+                return Py_NewRef(st->cuda_stack);
+            }
+            if (!(raw = PyLong_FromVoidPtr(rp))) { Py_DECREF(dev); return NULL; }
+        } else {
+            if (!(dev = PyObject_CallNoArgs(st->cur_dev))) return NULL;
+            if (!(raw = PyObject_CallFunctionObjArgs(st->raw_stream, dev, NULL))) { Py_DECREF(dev); return NULL; }
+            *raw_out = PyLong_Check(raw) ? PyLong_AsVoidPtr(raw) : NULL;
+            if (PyErr_Occurred()) PyErr_Clear(); /* not a handle: recorded through st->record */
+        }
         PyObject *stacks = PyObject_GetAttr(st->local, a_local_cuda);
-        if (!stacks) { PyErr_Clear(); return NULL; }
-        PyObject *dev = PyObject_CallNoArgs(st->cur_dev);
-        if (!dev) { Py_DECREF(stacks); return NULL; }
-        PyObject *raw = PyObject_CallFunctionObjArgs(st->raw_stream, dev, NULL);
-        if (!raw) { Py_DECREF(stacks); Py_DECREF(dev); return NULL; }
+        if (!stacks) { PyErr_Clear(); Py_DECREF(dev); Py_DECREF(raw); return NULL; }
         PyObject *key = PyTuple_Pack(2, dev, raw);
         Py_DECREF(raw);
         if (!key) { Py_DECREF(stacks); Py_DECREF(dev); return NULL; }
@@ -161,6 +245,12 @@ static PyObject *find_stack(State *st, Span *s, PyObject **dev_out) {
         Py_XINCREF(stack);
         Py_DECREF(stacks);
         if (!stack) { Py_DECREF(dev); return NULL; }
+        if (st->c10_current) {
+            SETREF(st->cuda_stack, Py_NewRef(stack));
+            st->cuda_tid = tid;
+            st->cuda_dev = (int)PyLong_AsLong(dev);
+            st->cuda_raw = *raw_out;
+        }
         *dev_out = dev;
         return stack;
     }
@@ -205,10 +295,23 @@ static int record_on(State *st, PyObject *ev, PyObject *stack) {
     return 0;
 }
 
+/* A close's record of a runtime event on its stack's raw stream; the device may have been switched
+ * since the open (the raw handle 0 means the current device's default stream). */
+static int raw_record_close(RawEvent *ev, PyObject *stack, PyObject *dev) {
+    PyObject *r = PyObject_GetAttr(stack, a_stack_raw);
+    if (!r) return -1;
+    void *raw = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+    long d = PyLong_AsLong(dev);
+    if (PyErr_Occurred()) return -1;
+    return gt_raw_record_on(ev, raw, (int)d);
+}
+
 static PyObject *open_span(State *st, Span *s) {
     if (s->sync) return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
     PyObject *dev;
-    PyObject *stack = find_stack(st, s, &dev);
+    void *raw = NULL;
+    PyObject *stack = find_stack(st, s, &dev, &raw);
     if (!stack) {
         if (PyErr_Occurred()) return NULL;
         return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
@@ -219,8 +322,13 @@ static PyObject *open_span(State *st, Span *s) {
             Py_DECREF(dev);
             return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
         }
+        /* The host moment the start is queued: one clock read, the host spans' own clock. */
+        if (mono_ns(st, &s->entry) < 0) { Py_DECREF(stack); Py_DECREF(dev); return NULL; }
         PyObject *ev = pooled_event(st, dev);
-        if (!ev || record_on(st, ev, stack) < 0) {
+        /* A runtime event: one cudaEventRecord on the raw current stream (the stack's), on the
+         * current device (the stack's too); else the device's own record. */
+        int bad = !ev || ((Py_TYPE(ev) == gt_RawEventType) ? gt_raw_record((RawEvent *)ev, raw) : record_on(st, ev, stack)) < 0;
+        if (bad) {
             Py_XDECREF(ev); Py_DECREF(stack); Py_DECREF(dev);
             return NULL;
         }
@@ -267,7 +375,7 @@ static PyObject *close_span(State *st, Span *s) {
     if (!dev) return NULL;
     if (dev != Py_None) {
         PyObject *ev = pooled_event(st, dev);
-        if (!ev || record_on(st, ev, stack) < 0) {
+        if (!ev || ((Py_TYPE(ev) == gt_RawEventType) ? raw_record_close((RawEvent *)ev, stack, dev) : record_on(st, ev, stack)) < 0) {
             Py_XDECREF(ev); Py_DECREF(dev);
             return NULL;
         }
@@ -287,6 +395,35 @@ static PyObject *close_span(State *st, Span *s) {
     Py_RETURN_NONE;
 }
 
+/* The NVTX range of a span (the nvtx option): pushed once its open is recorded, popped before its
+ * close is, so the range holds the user's code and not gputrace's. 0, or -1 with an exception. */
+static int nvtx_push(State *st, Span *s) {
+    if (st->nvtx_push) {
+        Py_ssize_t n;
+        const char *name = PyUnicode_Check(s->name) ? PyUnicode_AsUTF8AndSize(s->name, &n) : NULL;
+        if (!name) { PyErr_Clear(); name = "?"; } /* a name that is not text: a range all the same */
+        (void)st->nvtx_push(name);
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(st->nvtx_push_py, s->name, NULL);
+        if (!r) return -1;
+        Py_DECREF(r);
+    }
+    s->ranged = 1;
+    return 0;
+}
+
+static int nvtx_pop(State *st, Span *s) {
+    s->ranged = 0;
+    if (st->nvtx_pop) {
+        (void)st->nvtx_pop();
+        return 0;
+    }
+    PyObject *r = PyObject_CallNoArgs(st->nvtx_pop_py);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* open_span / close_span on the installed state, held for the call: a callback into Python
  * may install another state meanwhile, and this one must outlive the call. */
 static PyObject *open_installed(Span *s) {
@@ -295,6 +432,7 @@ static PyObject *open_installed(Span *s) {
     State *st = g_state;
     Py_INCREF(st);
     PyObject *r = open_span(st, s);
+    if (r && st->nvtx_on && !s->ranged && nvtx_push(st, s) < 0) Py_CLEAR(r);
     Py_DECREF(st);
     return r;
 }
@@ -302,7 +440,7 @@ static PyObject *open_installed(Span *s) {
 static PyObject *close_installed(Span *s) {
     State *st = g_state;
     Py_INCREF(st);
-    PyObject *r = close_span(st, s);
+    PyObject *r = (s->ranged && st->nvtx_on && nvtx_pop(st, s) < 0) ? NULL : close_span(st, s);
     Py_DECREF(st);
     return r;
 }
@@ -474,6 +612,8 @@ static PyMemberDef Span_members[] = {
     {"id", T_OBJECT, offsetof(Span, id), 0, NULL}, /* None until resolved: no exception to ask */
     {"gen", T_OBJECT_EX, offsetof(Span, gen), 0, NULL},
     {"error", T_OBJECT, offsetof(Span, error), 0, NULL},
+    {"ranged", T_BOOL, offsetof(Span, ranged), 0, "An NVTX range was pushed at its open and not yet popped."},
+    {"entry", T_LONGLONG, offsetof(Span, entry), 0, "A device span: monotonic ns when the host entered it."},
     {"owner", T_OBJECT, offsetof(Span, owner), 0, NULL},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(Span, vectorcall), READONLY, NULL},
     {"cuda", T_BOOL, offsetof(Span, cuda), 0, "Timed with CUDA events (else a host span)."},
@@ -841,6 +981,8 @@ static PyMethodDef span_methods[] = {
     {"install", hot_install, METH_VARARGS, install_doc},
     {"set_check_at", hot_set_check_at, METH_VARARGS, set_check_at_doc},
     {"set_capture", hot_set_capture, METH_O, set_capture_doc},
+    {"set_current", hot_set_current, METH_VARARGS, set_current_doc},
+    {"current_stream", hot_current_stream, METH_NOARGS, current_stream_doc},
     {"open", hot_open, METH_O, open_doc},
     {"close", hot_close, METH_O, close_doc},
     {NULL},

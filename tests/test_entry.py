@@ -1,0 +1,99 @@
+"""The host entry time of CUDA spans (`trace.spans.entry`): one host clock read at enter, on the
+host spans' clock and epoch, carried through resolve into the trace the session builds; exact on
+the fake device clock, through both twins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import gputrace
+from gputrace import native, record, session
+
+from .conftest import install
+from .fakes import FakeDevice
+
+TWINS = [
+    pytest.param(False, id="python"),
+    pytest.param(True, id="c", marks=pytest.mark.skipif(native.hot is None, reason="the C build is not in use")),
+]
+
+
+@pytest.fixture(autouse=True)
+def back_to_the_start() -> Any:
+    before = native.hot is not None
+    yield
+    gputrace.reset()
+    native.use(before)
+
+
+def record_steps(fake: FakeDevice, steps: int = 6) -> tuple[list[int], Any]:
+    """Steps whose device span is entered while the stream is busy with the previous step's work:
+    the host runs ahead of the GPU, so each start lies after its entry by the queue. Returns the
+    host moments (monotonic ns) at which each device span was entered, and the trace."""
+    entered = []
+    for step in range(steps):
+        fake.advance(10_000)
+        entered.append(fake.now)
+        with gputrace.span("step", step=step):  # a device span
+            fake.work(300_000)
+            with gputrace.span("host", timer_type="cpu"):
+                fake.advance(5_000)
+    return entered, session.trace()
+
+
+def columns(trace: Any, name: str) -> list[tuple[int, int, int]]:
+    sp, i = trace.spans, trace.names.index(name)
+    assert sp.entry is not None and len(sp.entry) == len(sp.start)
+    return [(sp.entry[k], sp.start[k], sp.end[k]) for k in range(len(sp.start)) if sp.name[k] == i]
+
+
+@pytest.mark.parametrize("c", TWINS)
+def test_a_cuda_span_carries_the_host_moment_it_was_entered(c: bool) -> None:
+    with native.using(c):
+        fake = FakeDevice(rate=1.000002, read_ns=0)
+        rec = install(fake)
+        entered, trace = record_steps(fake)
+        offset = rec.clock.epoch_offset_ns
+        rows = columns(trace, "step")
+        assert [e for e, _, _ in rows] == [t + offset for t in entered]  # exactly, in epoch ns
+        for k, (entry, start, _) in enumerate(rows):
+            assert entry <= start
+            if k > 0:  # queued behind the previous step's 300 us: the launch lag shows
+                assert start - entry > 200_000
+        assert all(e == 0 for e, _, _ in columns(trace, "host"))  # a host span: not known, 0
+
+
+@pytest.mark.parametrize("c", TWINS)
+def test_entry_survives_flushes_a_take_and_an_open_span(c: bool) -> None:
+    with native.using(c):
+        fake = FakeDevice(read_ns=3)
+        rec = install(fake)
+        for _ in range(3):
+            with gputrace.span("a"):
+                fake.work(1_000)
+            rec.flush(wait=True)
+        taken = rec.take_resolved()
+        assert len(taken.entry) == len(taken.start) == 3 and len(rec.store.entry) == 0
+        assert all(e <= s for e, s in zip(taken.entry, taken.start))
+        before = fake.now
+        s = gputrace.span("open").start()
+        trace = session.trace()  # the open span, closed now in a snapshot
+        ((entry, start, _),) = columns(trace, "open")
+        assert entry == before + rec.clock.epoch_offset_ns and entry <= start
+        s.end()
+
+
+def test_the_twins_give_the_same_entries() -> None:
+    if native.hot is None:
+        pytest.skip("the C build is not in use")
+    got = []
+    for c in (True, False):
+        with native.using(c):
+            fake = FakeDevice(rate=0.999998, read_ns=7)
+            install(fake)
+            got.append(list(record_steps(fake)[1].spans.entry))
+            assert type(record.Span("x")) is (native.hot.Span if c else record.PySpan)  # type: ignore[union-attr]
+        gputrace.reset()
+    assert got[0] == got[1] and any(got[0])
