@@ -70,6 +70,9 @@ class NameStats:
     max_rank_total_ns: int
     imbalance: float  # largest per-rank total / least
     slowest: Instance  # the longest single span of this name
+    # The total less the time of each span's children on its own track (see `self_times`); None
+    # where the source cannot say (a digest of an older version without its trace).
+    self_total_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,14 @@ class Steps:
     verdicts: list[StepVerdict]  # one per step
     rule: str
     times_slowest: dict[int, int]  # rank -> steps in which it was called slowest
+    # The breakdown (DESIGN.md "Why a step is slow"), in the same shape. None: not known for
+    # that rank and step (a digest of an older version without its trace; for launch lag also a
+    # step with no CUDA span whose host entry time was recorded).
+    idle_ns: dict[int, list[int | None]]  # no span of the rank open on any track but the step and its ancestors
+    collective_wait_ns: dict[int, list[int]]  # inside collectives, before the last rank arrived
+    collective_transfer_ns: dict[int, list[int]]  # inside collectives, after the last rank arrived
+    exposed_collective_ns: dict[int, list[int | None]]  # collective time no span on another track overlaps
+    launch_lag_ns: dict[int, list[int | None]]  # the step's first CUDA span: device start - host entry
 
     def number(self, k: int) -> int:
         return self.skipped + k
@@ -563,7 +574,29 @@ def _steps(
         "clock error on a duration: twice its device anchor uncertainty, as a duration has two anchored ends "
         "(the offsets between ranks' clocks cancel out of a duration measured on one rank)"
     )
-    return Steps(step, skip, count, srank, starts, ends, busy, wait, medians, verdicts, rule, times)
+    # The breakdown's names and shapes; its numbers follow.
+    zero: list[int] = [0] * count
+    zero_or_none: list[int | None] = [0] * count
+    unknown: list[int | None] = [None] * count
+    return Steps(
+        step,
+        skip,
+        count,
+        srank,
+        starts,
+        ends,
+        busy,
+        wait,
+        medians,
+        verdicts,
+        rule,
+        times,
+        idle_ns={r: list(zero_or_none) for r in srank},
+        collective_wait_ns={r: list(zero) for r in srank},
+        collective_transfer_ns={r: list(zero) for r in srank},
+        exposed_collective_ns={r: list(zero_or_none) for r in srank},
+        launch_lag_ns={r: list(unknown) for r in srank},
+    )
 
 
 def _collectives(
@@ -680,6 +713,7 @@ def _stats_json(r: NameStats) -> dict[str, Any]:
         "max_rank_total_ns": r.max_rank_total_ns,
         "imbalance": _num(r.imbalance),
         "slowest": {"rank": r.slowest.rank, "start_ns": r.slowest.start_ns, "end_ns": r.slowest.end_ns},
+        "self_total_ns": r.self_total_ns,
     }
 
 
@@ -724,6 +758,11 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "end_ns": keyed(st.end_ns),
             "busy_ns": keyed(st.busy_ns),
             "wait_ns": keyed(st.wait_ns),
+            "idle_ns": keyed(st.idle_ns),
+            "collective_wait_ns": keyed(st.collective_wait_ns),
+            "collective_transfer_ns": keyed(st.collective_transfer_ns),
+            "exposed_collective_ns": keyed(st.exposed_collective_ns),
+            "launch_lag_ns": keyed(st.launch_lag_ns),
             "median_busy_ns": st.median_busy_ns,
             "verdicts": [
                 {
