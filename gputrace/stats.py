@@ -840,6 +840,8 @@ def _counts_json(c: RankCounts) -> dict[str, Any]:
 
 def to_json(summary: Summary) -> dict[str, Any]:
     """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
+    from gputrace.causes import causes  # it reads this module's types
+
     key = {r: str(r) for r in summary.ranks}
 
     def keyed(d: dict[int, Any]) -> dict[str, Any]:
@@ -886,6 +888,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
                 for v in st.verdicts
             ],
             "times_slowest": keyed(st.times_slowest),
+            "causes": causes(st, summary.collectives),
         }
     co = summary.collectives
     if co is not None:
@@ -1045,6 +1048,7 @@ def _names_grid(rows: list[NameStats], width: int, nranks: int, dropped: list[st
         _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
         _Col("count", [f"{r.count:,}" for r in rows]),
         _Col("total", [fmt_ns(r.total_ns) for r in rows]),
+        _Col("self", ["?" if r.self_total_ns is None else fmt_ns(r.self_total_ns) for r in rows], keep=2),
         _Col("mean", [fmt_ns(r.mean_ns) for r in rows], keep=4),
         _Col("p50", [fmt_ns(r.p50_ns) for r in rows], keep=2),
         _Col("p90", [fmt_ns(r.p90_ns) for r in rows], keep=5),
@@ -1167,6 +1171,17 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                     f" of {fmt_ns(v.median_ns)})",
                     width,
                 )
+
+    if st is not None:
+        from gputrace.causes import causes  # it reads this module's types
+
+        said = causes(st, s.collectives)
+        if said:
+            out += _wrap("why:", width)
+            for line in said[:top]:
+                out += _wrap("  " + line, width)
+            if len(said) > top:
+                out += _wrap(f"  ({len(said) - top} more in --json: steps.causes)", width)
 
     if co is not None:
         out += [""]

@@ -210,3 +210,28 @@ def test_json_carries_the_breakdown_numbers() -> None:
     assert j["steps"]["idle_ns"] == {"0": [60], "1": [80]}
     assert j["steps"]["launch_lag_ns"] == {"0": [None], "1": [None]}
     assert {x["name"]: x["self_total_ns"] for x in j["names"]} == {"step": 200 - 60, "all_reduce": 60}
+
+
+def test_the_text_says_the_causes_in_words_and_has_a_self_column() -> None:
+    ms = 1_000_000
+    by: dict[int, list[tuple[Any, ...]]] = {}
+    for r in range(4):
+        spans: list[tuple[Any, ...]] = []
+        for k in range(50):
+            t = k * 100 * ms
+            idle = 30 * ms if (r == 2 and 40 <= k <= 44) else 0
+            arrive = t + 10 * ms + r * 1000 + idle
+            last = t + 10 * ms + 3 * 1000 + (30 * ms if 40 <= k <= 44 else 0)
+            end = last + 2 * ms + (18 * ms if 20 <= k <= 29 else 0)
+            spans += [("fwd", t, t + 10 * ms + r * 1000, "main"), ("all_reduce", arrive, end, "main")]
+            spans.append(("step", t, end + ms, "main"))
+        by[r] = spans
+    s = stats.summarize(mk(by))
+    text = stats.table(s, width=120)
+    assert "every rank: all_reduce transfer +18.000 ms a step in steps 20-29" in text
+    assert "rank 2 slowest in steps 40-44: 31.000 ms idle outside any span a step (the others 1.000 ms)" in text
+    assert text.splitlines()[0].split()[:4] == ["name", "count", "total", "self"]
+    assert stats.to_json(s)["steps"]["causes"][:2] == [
+        "every rank: all_reduce transfer +18.000 ms a step in steps 20-29",
+        "rank 2 slowest in steps 40-44: 31.000 ms idle outside any span a step (the others 1.000 ms)",
+    ]
