@@ -9,10 +9,13 @@ from array import array
 from typing import Any
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
-from gputrace import stats
+import gputrace
+from gputrace import digest, digest_breakdown, stats, summary
 from gputrace.cli import main
+from gputrace.trace import chrome, digestfile
 from gputrace.trace.model import Process, Trace, Track
 from tests.test_stats import rank_file, steps_of
 
@@ -235,3 +238,143 @@ def test_the_text_says_the_causes_in_words_and_has_a_self_column() -> None:
         "every rank: all_reduce transfer +18.000 ms a step in steps 20-29",
         "rank 2 slowest in steps 40-44: 31.000 ms idle outside any span a step (the others 1.000 ms)",
     ]
+
+
+# ---- the same numbers from digests as from traces -----------------------------------------------
+
+
+def rank_trace(rank: int, world: int = 3, steps: int = 30, entries: bool = True, phase: bool = False) -> Trace:
+    """One rank's trace with every shape the breakdown meets: an epoch around the steps on their
+    thread, nested ops, gaps, work on two CUDA streams (with host entry times), a marked
+    all_reduce on a third stream arriving at rank-dependent times, a data wait named like a
+    collective but marked collective=False, a loader thread, and rank 1 idle in steps 20-24."""
+    meta = {
+        "gputrace_version": gputrace.__version__,
+        "rank": rank,
+        "world_size": world,
+        "run_id": "bd",
+        "spans_dropped": 0,
+    }
+    t = Trace(dict(meta))
+    p = t.add_process(Process(rank + 1, rank, f"rank {rank}", rank, meta))
+    main = t.add_track(Track(p, 1, "main", "cpu"))
+    loader = t.add_track(Track(p, 2, "loader", "cpu"))
+    s7 = t.add_track(Track(p, 3, "cuda:0 stream 7", "cuda", 0, 7))
+    s8 = t.add_track(Track(p, 4, "cuda:0 stream 8", "cuda", 0, 8))
+    s13 = t.add_track(Track(p, 5, "cuda:0 stream 13", "cuda", 0, 13))
+    entry: list[int] = []
+    step_len = 1_000_000
+
+    def add(name: str, track: int, s: int, e: int, args: dict[str, Any] | None = None, x: int = 0) -> None:
+        t.add_span(name, track, B + s, B + e, args)
+        entry.append(B + x if x else 0)
+
+    for k in range(steps):
+        a = k * step_len
+        idle = 200_000 if rank == 1 and 20 <= k <= 24 else 0
+        w = 100_000 + 7_000 * ((k * 31 + rank * 17) % 5)
+        add("wait_data", main, a + 1_000, a + 5_000 + rank, {"collective": False})
+        for i in range(3):
+            add("op", main, a + 10_000 + i * 20_000, a + 25_000 + i * 20_000)
+        add("fwd", main, a + 10_000, a + 10_000 + w)
+        add("compute", s7, a + 30_000 + idle, a + 30_000 + w + idle, None, a + 12_000 + idle)
+        add("copy", s8, a + 40_000 + idle, a + 60_000 + idle, None, a + 11_000 + idle if k % 3 else 0)
+        arrive = a + 200_000 + idle + rank * 3_000 + (150_000 if 10 <= k <= 14 else 0) * 0
+        last = a + 200_000 + (200_000 if 20 <= k <= 24 else 0) + (world - 1) * 3_000
+        tail = 50_000 + (300_000 if 10 <= k <= 14 else 0)
+        add("all_reduce", s13, arrive, last + tail, {"collective": True})
+        add("bwd", main, a + 150_000 + idle, a + 180_000 + idle)
+        add("load", loader, a + 500_000, a + 520_000)
+        add("step", main, a, a + 900_000)
+        if phase and k == 14:  # around steps 5-14, written as it ends
+            add("phase", main, 5 * step_len, 15 * step_len - 50_000)
+    add("epoch", main, -10, steps * step_len)
+    if entries:
+        t.spans.entry = array("q", entry)
+    t.metadata["base_ns"] = B - 10
+    return t
+
+
+def same_breakdown(a: stats.Summary, b: stats.Summary, lags: bool = True) -> None:
+    assert a.steps is not None and b.steps is not None
+    for key in ("busy_ns", "wait_ns", *BREAKDOWN):
+        if key == "launch_lag_ns" and not lags:
+            continue
+        assert getattr(a.steps, key) == getattr(b.steps, key), key
+    assert {x.name: x.self_total_ns for x in a.names} == {x.name: x.self_total_ns for x in b.names}
+    for r in a.ranks:
+        assert {x.name: x.self_total_ns for x in a.by_rank[r]} == {x.name: x.self_total_ns for x in b.by_rank[r]}
+
+
+def test_digests_give_the_breakdown_and_self_times_of_the_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for r in range(3):
+        trace = rank_trace(r, entries=False)
+        path = str(tmp_path / f"trace_rank{r}.json")
+        chrome.write(trace, path)
+        assert digest.write_for_trace(trace, path, "step") is not None
+    for skip in (0, 3):
+        full = summary.summary_of_files([str(tmp_path)], skip_steps=skip, full=True)
+        dig = summary.summary_of_files([str(tmp_path)], skip_steps=skip)
+        assert "read from the ranks' digests" in dig.notes[0]
+        same_breakdown(full, dig)
+        st = full.steps
+        assert st is not None
+        assert all(x is not None for r in st.ranks for x in st.idle_ns[r])
+        # the planted idle: rank 1 in steps 20-24, others not
+        assert (
+            min(st.idle_ns[1][k - skip] for k in range(20, 25))
+            > max(st.idle_ns[0][k - skip] for k in range(20, 25)) + 50_000
+        )
+    text = stats.table(dig, width=140)
+    assert "rank 1 slowest in steps 20-24" in text and "idle outside any span" in text
+    assert "every rank: all_reduce transfer +300.000 ms" not in text
+    assert "every rank: all_reduce transfer +300.0 us a step in steps 10-14" in text
+
+
+@pytest.mark.parametrize("loops", ["c", "python"])
+@pytest.mark.parametrize("batch", [7, 1 << 14])
+def test_a_digest_built_in_batches_has_the_launch_lags_and_self_times_of_the_whole_trace(
+    monkeypatch: pytest.MonkeyPatch, loops: str, batch: int
+) -> None:
+    if loops == "python":
+        monkeypatch.setattr(digest_breakdown, "_cover_c", None)
+        monkeypatch.setattr(digest_breakdown, "_nest_c", None)
+        monkeypatch.setattr(digest, "_rows_c", None)
+        monkeypatch.setattr(digest, "_fold_c", None)
+    elif digest_breakdown._nest_c is None:
+        pytest.skip("the C build is not in use")
+    monkeypatch.setattr(digest, "BATCH_SPANS", batch)
+    monkeypatch.setattr(digest_breakdown, "CARRY_SPANS", 8 if batch == 7 else 1 << 16)
+    trace = rank_trace(0)
+    full = stats.summarize(trace)
+    b = digest.Builder("step")
+    sp = trace.spans
+    assert sp.entry is not None
+    for lo in range(0, len(sp), 11):  # chunks of 11 spans, each with its entry times
+        part = Trace(dict(trace.metadata))
+        part.processes, part.tracks, part.names = trace.processes, trace.tracks, trace.names
+        for i in range(lo, min(lo + 11, len(sp))):
+            part.spans.append(sp.name[i], sp.track[i], sp.start[i], sp.end[i], sp.args[i])
+        part.spans.entry = sp.entry[lo : lo + 11]
+        b.add(part)
+    doc = b.document(dict(trace.processes[0].metadata), B - 10, "rank 0")
+    assert doc == digest.from_trace(trace, "step") | {"trace": None, "trace_bytes": None} or batch == 7
+    dig = summary.summarize([digestfile.from_document(doc, "rank0.digest")])[1]
+    same_breakdown(full, dig)
+    st = dig.steps
+    assert st is not None
+    assert st.launch_lag_ns[0][:3] == [30_000 - 12_000, 40_000 - 11_000, 40_000 - 11_000]
+
+
+def test_a_parent_of_some_summed_up_spans_has_its_self_time_unknown_not_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digest, "BATCH_SPANS", 7)
+    monkeypatch.setattr(digest_breakdown, "CARRY_SPANS", 8)
+    trace = rank_trace(0, steps=20, phase=True)
+    full = stats.summarize(trace)
+    dig = summary.summarize([digestfile.from_document(digest.from_trace(trace, "step"), "r.digest")])[1]
+    got = {x.name: x.self_total_ns for x in dig.names}
+    want = {x.name: x.self_total_ns for x in full.names}
+    assert got["phase"] is None and want["phase"] is not None
+    assert got["epoch"] is None  # it encloses the phase, which took some of the spans summed up
+    assert all(got[n] in (None, want[n]) for n in want)  # unknown, never wrong
+    assert all(got[n] == want[n] for n in ("compute", "copy", "all_reduce", "load", "op"))
