@@ -160,7 +160,11 @@ def cover_spans(*a: Any) -> tuple[list[int], list[int], list[int]]:
 
 
 def nest_spans(*a: Any) -> tuple[list[int], ...]:
-    return (_nest_c or _nest_py)(*a)
+    if _nest_c is not None:
+        got = _nest_c(*a)
+        if got is not NotImplemented:  # sums past 2^63 ns are Python's
+            return got  # type: ignore[no-any-return]
+    return _nest_py(*a)
 
 
 class Local:

@@ -378,3 +378,38 @@ def test_a_parent_of_some_summed_up_spans_has_its_self_time_unknown_not_wrong(mo
     assert got["epoch"] is None  # it encloses the phase, which took some of the spans summed up
     assert all(got[n] in (None, want[n]) for n in want)  # unknown, never wrong
     assert all(got[n] == want[n] for n in ("compute", "copy", "all_reduce", "load", "op"))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(seed: int) -> None:
+    """Random columns: nested, overlapping, equal and inverted spans on a few tracks, other
+    tools' and left-out ones, steps and their ancestors, carried spans and a floor."""
+    import random
+
+    if digest_breakdown._cover_c is None or digest_breakdown._nest_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 60, 3000])
+    names = array("l", (rng.randrange(6) for _ in range(n)))
+    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
+    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
+    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
+    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
+    mask = bytes(rng.random() < 0.3 for _ in range(6))
+    k = rng.randrange(0, 20)
+    ss = sorted(rng.randrange(10**6) for _ in range(k))
+    se = array("q", (s + rng.randrange(10**5) for s in ss))
+    st = array("q", (rng.randrange(4) for _ in ss))
+    cover = (names, tracks, starts, ends, skip, mask, array("q", ss), se, st)
+    assert digest_breakdown._cover_c(*cover) == digest_breakdown._cover_py(*cover)
+    carry = sorted((rng.randrange(5), rng.randrange(10**6)) for _ in range(rng.randrange(0, 30)))
+    ct = array("q", (t for t, _ in carry))
+    cs = array("q", (s for _, s in carry))
+    ce = array("q", (s + rng.randrange(10**4) for s in cs))
+    floor = array("q", (rng.choice([-(2**63), rng.randrange(10**6)]) for _ in range(rng.randrange(0, 5))))
+    for bucket in (-1, 0, digest._REST):
+        args = (names, tracks, starts, ends, skip, array("q", ss[:17]), bucket, digest._NB, ct, cs, ce, floor)
+        c, py = digest_breakdown._nest_c(*args), digest_breakdown._nest_py(*args)
+        assert c == py
+        if n > 100:
+            assert sum(py[1]) > 0 and len(py[2]) > 0
