@@ -25,6 +25,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import repeat
+from operator import sub
 from typing import Any
 
 from gputrace import native
@@ -186,6 +188,12 @@ class Local:
 
     def steps(self, starts: Sequence[int], ends: Sequence[int], tracks: Sequence[int]) -> None:
         """Finished step spans of a batch (before the batch's other work)."""
+        if not self.step_starts or min(starts) >= self.step_starts[-1]:
+            order = sorted(range(len(starts)), key=starts.__getitem__)  # the usual case: after the ones known
+            self.step_starts.extend(map(starts.__getitem__, order))
+            self.step_ends.extend(map(ends.__getitem__, order))
+            self.step_tracks.extend(map(tracks.__getitem__, order))
+            return
         for s, e, t in zip(starts, ends, tracks):
             j = bisect_right(self.step_starts, s)
             self.step_starts.insert(j, s)
@@ -348,22 +356,22 @@ class Local:
     def document(self, base_ns: int) -> dict[str, Any]:
         """`cover` (track, start as deltas from the one before, the first from base_ns, dur) and
         `launch_lag` (per finished step in start order: an int or None). Building may go on."""
-        placed, _ = self._placed(final=True)
         ct: list[int] = []
-        cs: list[int] = []
+        starts: list[int] = []
         cd: list[int] = []
-        prev = base_ns
         for t in sorted(self.cover):
             us, ue = self.cover[t]
-            for a, b in zip(us, ue):
-                ct.append(t)
-                cs.append(a - prev)
-                cd.append(b - a)
-                prev = a
-        lags: list[int | None] = []
-        for s in self.step_starts:
-            got = placed.get(s)
-            lags.append(None if got is None else got[1] - got[0])
+            ct += repeat(t, len(us))
+            starts += us
+            cd += map(sub, ue, us)
+        cs = list(map(sub, starts, [base_ns, *starts[:-1]]))
+        lags: list[int | None] = [None] * len(self.step_starts)
+        if self.lags or self.pending:
+            placed, _ = self._placed(final=True)
+            for k, s in enumerate(self.step_starts):
+                got = placed.get(s)
+                if got is not None:
+                    lags[k] = got[1] - got[0]
         return {"cover": {"track": ct, "start": cs, "dur": cd}, "launch_lag": lags}
 
     def self_column(self, keys: Sequence[int], totals: Sequence[int], nb: int) -> list[int | None]:

@@ -400,15 +400,76 @@ static int col_read(Col *c, PyObject *o) {
     return c->v ? 0 : -1;
 }
 
-typedef struct {
-    long long t, s, e;
-} Piece;
+/* The columns the comparators below read: qsort has no context argument everywhere, and the GIL
+ * is held throughout (no Python code runs while they sort). */
+static const Cols *sort_cols;
 
-static int piece_cmp(const void *a, const void *b) {
-    const Piece *x = a, *y = b;
-    if (x->t != y->t) return x->t < y->t ? -1 : 1;
-    if (x->s != y->s) return x->s < y->s ? -1 : 1;
-    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+/* The cover's order: by track, start, end, then as given. */
+static int cover_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] < c->start[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* The nesting order: by track, end, start descending, then as given. */
+static int nest_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] > c->start[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* Sort span indices by `cmp` (track first): a stable counting sort by track, then an insertion
+ * sort within each track, which is near linear for spans that come nearly in order, as a
+ * recorder's do (children before their parents); a track whose spans need more moves than a few
+ * per span is sorted by qsort instead. */
+static int sort_spans(Py_ssize_t *idx, Py_ssize_t m, const Cols *c, int (*cmp)(const void *, const void *)) {
+    sort_cols = c;
+    long long maxt = -1;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (c->track[idx[i]] > maxt) maxt = c->track[idx[i]];
+    if (maxt > 4 * (long long)m + 1024) { /* track numbers far apart: no counting */
+        qsort(idx, (size_t)m, sizeof(Py_ssize_t), cmp);
+        return 0;
+    }
+    Py_ssize_t *cnt = PyMem_Calloc((size_t)maxt + 2, sizeof(Py_ssize_t));
+    Py_ssize_t *tmp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(m ? m : 1));
+    if (!cnt || !tmp) {
+        PyMem_Free(cnt);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) cnt[c->track[idx[i]] + 1]++;
+    for (long long t = 0; t <= maxt; t++) cnt[t + 1] += cnt[t];
+    for (Py_ssize_t i = 0; i < m; i++) tmp[cnt[c->track[idx[i]]]++] = idx[i];
+    memcpy(idx, tmp, sizeof(Py_ssize_t) * (size_t)m);
+    PyMem_Free(cnt);
+    PyMem_Free(tmp);
+    for (Py_ssize_t lo = 0; lo < m;) {
+        Py_ssize_t hi = lo;
+        while (hi < m && c->track[idx[hi]] == c->track[idx[lo]]) hi++;
+        long long moves = 0, budget = 16 * (long long)(hi - lo) + 64;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            Py_ssize_t x = idx[i], j = i;
+            while (j > lo && cmp(&idx[j - 1], &x) > 0) {
+                idx[j] = idx[j - 1];
+                j--;
+                moves++;
+            }
+            idx[j] = x;
+            if (moves > budget) {
+                qsort(idx + lo, (size_t)(hi - lo), sizeof(Py_ssize_t), cmp);
+                break;
+            }
+        }
+        lo = hi;
+    }
     return 0;
 }
 
@@ -436,7 +497,7 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
         return NULL;
     Cols c;
     Col ss = {0}, se = {0}, st = {0};
-    Piece *p = NULL;
+    Py_ssize_t *p = NULL;
     Vec out[3] = {{0}};
     PyObject *result = NULL;
     const char *skip = NULL;
@@ -453,7 +514,7 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "digest_cover: step columns of different lengths");
         goto out;
     }
-    p = PyMem_Malloc(sizeof(Piece) * (size_t)(c.n ? c.n : 1));
+    p = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c.n ? c.n : 1));
     if (!p) { PyErr_NoMemory(); goto out; }
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < c.n; i++) {
@@ -461,17 +522,15 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
         if (t < 0 || e <= s || (skip && skip[i]) || (k >= 0 && k < nmask && mask[k])) continue;
         Py_ssize_t j = bisect_left_ll(ss.v, ss.n, s); /* breakdown.is_ancestor */
         if (j < ss.n && se.v[j] <= e && st.v[j] == t && (ss.v[j] > s || se.v[j] < e)) continue;
-        p[m].t = t;
-        p[m].s = s;
-        p[m].e = e;
-        m++;
+        p[m++] = i;
     }
-    qsort(p, (size_t)m, sizeof(Piece), piece_cmp);
-    for (Py_ssize_t i = 0; i < m; i++) {
-        Py_ssize_t n = out[0].n;
-        if (n && out[0].v[n - 1] == p[i].t && p[i].s <= out[2].v[n - 1]) {
-            if (p[i].e > out[2].v[n - 1]) out[2].v[n - 1] = p[i].e;
-        } else if (vec_push(&out[0], p[i].t) < 0 || vec_push(&out[1], p[i].s) < 0 || vec_push(&out[2], p[i].e) < 0) {
+    if (sort_spans(p, m, &c, cover_cmp) < 0) goto out;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t n = out[0].n, i = p[k];
+        long long t = c.track[i], s = c.start[i], e = c.end[i];
+        if (n && out[0].v[n - 1] == t && s <= out[2].v[n - 1]) {
+            if (e > out[2].v[n - 1]) out[2].v[n - 1] = e;
+        } else if (vec_push(&out[0], t) < 0 || vec_push(&out[1], s) < 0 || vec_push(&out[2], e) < 0) {
             goto out;
         }
     }
@@ -484,18 +543,6 @@ out:
     PyMem_Free(p);
     for (int i = 0; i < 3; i++) vec_free(&out[i]);
     return result;
-}
-
-/* The nesting order: by track, end, start descending, then as given. */
-static const Cols *nest_cols;
-
-static int nest_cmp(const void *a, const void *b) {
-    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
-    const Cols *c = nest_cols;
-    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
-    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
-    if (c->start[i] != c->start[j]) return c->start[i] > c->start[j] ? -1 : 1;
-    return i < j ? -1 : (i > j);
 }
 
 PyDoc_STRVAR(digest_nest_doc,
@@ -545,8 +592,7 @@ static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < c.n; i++)
         if (c.track[i] >= 0 && c.end[i] >= c.start[i] && !(skip && skip[i])) order[m++] = i;
-    nest_cols = &c; /* qsort has no context argument everywhere; the GIL is held throughout */
-    qsort(order, (size_t)m, sizeof(Py_ssize_t), nest_cmp);
+    if (sort_spans(order, m, &c, nest_cmp) < 0) goto out;
     Py_ssize_t cp = 0, a = 0;
     while (a < m || cp < ct.n) {
         long long t = a < m ? c.track[order[a]] : LLONG_MAX;
