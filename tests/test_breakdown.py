@@ -5,6 +5,10 @@ gloo runs with planted causes that the text says in words."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from array import array
 from typing import Any
 
@@ -413,3 +417,109 @@ def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(see
         assert c == py
         if n > 100:
             assert sum(py[1]) > 0 and len(py[2]) > 0
+
+
+# ---- real gloo runs with planted causes ---------------------------------------------------------
+
+WORLD = 3
+BIG = range(20, 30)  # every rank's all_reduce 16x larger
+IDLE = range(40, 45)  # rank 2 sleeps outside any span
+STEPS = 50
+
+
+def worker(out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    gputrace.enable(cuda=False, out_dir=out)
+    gputrace.sync_clocks(exchanges=8)
+    small, big = torch.ones(1 << 18), torch.ones(1 << 22)
+    for k in range(STEPS):
+        with gputrace.span("step", step=k):
+            with gputrace.span("fwd"):
+                time.sleep(0.004)
+            if rank == 2 and k in IDLE:
+                time.sleep(0.03)  # inside the step, outside any span
+            with gputrace.span("all_reduce", collective=True):
+                dist.all_reduce(big if k in BIG else small)
+        if k % 5 == 4:
+            gputrace.flush()
+    gputrace.save()
+    print(orjson.dumps({"rank": rank, "pid": os.getpid()}).decode(), flush=True)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from .conftest import run_rank_processes
+
+    out = tmp_path_factory.mktemp("planted")
+    run_rank_processes(["tests.test_breakdown", "worker", str(out)], WORLD)
+    return out
+
+
+@pytest.mark.dist
+def test_planted_causes_in_real_gloo_runs_are_found_and_said(planted: Any) -> None:
+    out = str(planted)
+    assert sorted(p.name for p in planted.glob("digest_rank*.digest")) == [
+        f"digest_rank{r}.digest" for r in range(WORLD)
+    ]
+    runs = {}
+    for extra in ([], ["--full"]):
+        r = CliRunner().invoke(main, ["summary", "--json", *extra, out])
+        assert r.exit_code == 0, r.output
+        runs[bool(extra)] = orjson.loads(r.output)
+    dig, full = runs[False], runs[True]
+    assert "read from the ranks' digests" in dig["notes"][0] and "digests" not in full["notes"][0]
+    for key in ("busy_ns", "wait_ns", *BREAKDOWN):
+        assert dig["steps"][key] == full["steps"][key], key
+    assert {x["name"]: x["self_total_ns"] for x in dig["names"]} == {
+        x["name"]: x["self_total_ns"] for x in full["names"]
+    }
+    st = full["steps"]
+    assert st["count"] == STEPS
+    for r in map(str, range(WORLD)):
+        tr = st["collective_transfer_ns"][r]
+        inside = sorted(tr[k] for k in BIG)
+        outside = sorted(tr[k] for k in range(STEPS) if k not in BIG)
+        assert inside[0] > 2 * outside[len(outside) // 2], (r, inside, outside)
+        assert all(x is None for x in st["launch_lag_ns"][r])  # no CUDA spans
+    idle = st["idle_ns"]
+    assert min(idle["2"][k] for k in IDLE) > 25_000_000
+    assert max(idle[r][k] for r in ("0", "1") for k in IDLE) < 10_000_000
+    # the self time of a step is what is outside its fwd and all_reduce: rank 2's sleeps in it
+    step_self = next(x for x in full["by_rank"]["2"] if x["name"] == "step")["self_total_ns"]
+    assert step_self > 5 * 30_000_000
+    # Said in words; on a loaded machine a neighbouring step may join the run, not more.
+    causes = st["causes"]
+
+    def run_of(pattern: str) -> tuple[int, int]:
+        for c in causes:
+            m = re.match(pattern, c)
+            if m:
+                return int(m.group(1)), int(m.group(2) or m.group(1))
+        raise AssertionError(causes)
+
+    a, b = run_of(r"every rank: all_reduce transfer \+[0-9.]+ ms a step in steps? (\d+)(?:-(\d+))?$")
+    assert a <= BIG[0] and b >= BIG[-1] and b - a <= len(BIG) + 1
+    a, b = run_of(r"rank 2 slowest in steps? (\d+)(?:-(\d+))?: [0-9.]+ ms idle outside any span")
+    assert a <= IDLE[0] and b >= IDLE[-1] and b - a <= len(IDLE) + 1
+    text = subprocess.run(
+        [sys.executable, "-m", "gputrace", "summary", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    assert text.returncode == 0, text.stderr
+    assert "every rank: all_reduce transfer +" in text.stdout and "rank 2 slowest in step" in text.stdout
+    assert "self" in text.stdout.splitlines()[0].split()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "worker":
+        worker(sys.argv[2])
