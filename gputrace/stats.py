@@ -33,6 +33,7 @@ from typing import Any
 
 from gputrace import breakdown as bd
 from gputrace import digest_breakdown as dbk
+from gputrace.causes import causes
 from gputrace.errors import GputraceError
 from gputrace.trace.model import Trace
 
@@ -911,8 +912,6 @@ def _counts_json(c: RankCounts) -> dict[str, Any]:
 
 def to_json(summary: Summary) -> dict[str, Any]:
     """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
-    from gputrace.causes import causes  # it reads this module's types
-
     key = {r: str(r) for r in summary.ranks}
 
     def keyed(d: dict[int, Any]) -> dict[str, Any]:
@@ -959,7 +958,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
                 for v in st.verdicts
             ],
             "times_slowest": keyed(st.times_slowest),
-            "causes": causes(st, summary.collectives),
+            "causes": causes(st, summary.collectives, fmt_ns),
         }
     co = summary.collectives
     if co is not None:
@@ -1244,9 +1243,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                 )
 
     if st is not None:
-        from gputrace.causes import causes  # it reads this module's types
-
-        said = causes(st, s.collectives)
+        said = causes(st, s.collectives, fmt_ns)
         if said:
             out += _wrap("why:", width)
             for line in said[:top]:

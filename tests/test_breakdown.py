@@ -444,6 +444,20 @@ def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) 
         assert bd._within_c(*map(_arr, ua), _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
 
 
+def test_the_python_twins_give_the_summary_and_digest_of_the_c_build() -> None:
+    from gputrace import native
+
+    if native.hot is None:
+        pytest.skip("the C build is not in use")
+    traces = [rank_trace(r) for r in range(2)]
+    fast = [stats.to_json(stats.summarize(t)) for t in traces]
+    docs = [digest.from_trace(t, "step") for t in traces]
+    with native.using(False):
+        assert digest_breakdown._nest_c is None
+        assert [stats.to_json(stats.summarize(t)) for t in traces] == fast
+        assert [digest.from_trace(t, "step") for t in traces] == docs
+
+
 def _arr(v: list[int]) -> array[int]:
     return array("q", v)
 
