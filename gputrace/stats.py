@@ -15,6 +15,7 @@ step), and a collective finds its step by bisection, so nothing is rescanned per
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -22,13 +23,17 @@ import shutil
 import sys
 import textwrap
 import unicodedata
+from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import sub
+from itertools import accumulate, compress, repeat
+from operator import ge, sub
 from typing import Any
 
+from gputrace import breakdown as bd
+from gputrace import digest_breakdown as dbk
+from gputrace.causes import causes
 from gputrace.errors import GputraceError
 from gputrace.trace.model import Trace
 
@@ -70,6 +75,9 @@ class NameStats:
     max_rank_total_ns: int
     imbalance: float  # largest per-rank total / least
     slowest: Instance  # the longest single span of this name
+    # The total less the time of each span's children on its own track (see `self_times`); None
+    # where the source cannot say (a digest of an older version without its trace).
+    self_total_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,14 @@ class Steps:
     verdicts: list[StepVerdict]  # one per step
     rule: str
     times_slowest: dict[int, int]  # rank -> steps in which it was called slowest
+    # The breakdown (DESIGN.md "Why a step is slow"), in the same shape. None: not known for
+    # that rank and step (a digest of an older version without its trace; for launch lag also a
+    # step with no CUDA span whose host entry time was recorded).
+    idle_ns: dict[int, list[int | None]]  # no span of the rank open on any track but the step and its ancestors
+    collective_wait_ns: dict[int, list[int]]  # inside collectives, before the last rank arrived
+    collective_transfer_ns: dict[int, list[int]]  # inside collectives, after the last rank arrived
+    exposed_collective_ns: dict[int, list[int | None]]  # collective time no span on another track overlaps
+    launch_lag_ns: dict[int, list[int | None]]  # the step's first CUDA span: device start - host entry
 
     def number(self, k: int) -> int:
         return self.skipped + k
@@ -174,12 +190,26 @@ def percentile(sorted_values: Sequence[int], q: int) -> int:
     return sorted_values[max(0, min(n - 1, (n * q + 99) // 100 - 1))]
 
 
-def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_step: bool = False) -> Summary:
+def summarize(
+    trace: Trace,
+    step: str = "step",
+    skip_steps: int = 0,
+    *,
+    require_step: bool = False,
+    unknown_breakdown: Collection[int] = (),
+) -> Summary:
     """The summary of `trace` (times already aligned across ranks). `step` names the span that
     marks one training step; the first `skip_steps` steps of every rank, and everything the rank
     did before them, are left out (warm-up). Without any `step` span, step analysis is omitted,
     unless `require_step`: then a trace with spans but none named `step` is an error that lists
-    the names present."""
+    the names present.
+
+    The step breakdown (`gputrace.breakdown`) is computed from every span of each rank, or, for
+    the spans of a digest (`gputrace.summary`), from its step and collective spans and its
+    cover: spans whose args say `cover` (the union of the rank's other spans on one track, as
+    the digest keeps it), which are nothing else here. The ranks in `unknown_breakdown` have
+    neither (digests of an older version): their idle, exposed collective and launch lag are
+    None."""
     if skip_steps < 0:
         raise GputraceError(f"skip_steps must be 0 or more, not {skip_steps}")
     sp = trace.spans
@@ -206,6 +236,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         if a:
             if a.get("unfinished"):
                 keys[i] = -1 - slot_of_track[sp.track[i]]
+            elif a.get("cover"):
+                keys[i] = -1 - stride - slot_of_track[sp.track[i]]
             c = a.get("collective")
             if c is not None:
                 marked[i] = bool(c)
@@ -219,6 +251,7 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
             g.append(i)
     del keys
     unfinished = [len(groups.pop(-1 - s, ())) for s in range(nr)]
+    cover = [groups.pop(-1 - stride - s, []) for s in range(stride)]
     foreign = len(groups.pop(-1 - nr, ())) + sum(len(v) for k, v in list(groups.items()) if k % stride == nr)
     groups = {k: v for k, v in groups.items() if k % stride != nr}
     if foreign:
@@ -246,6 +279,24 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
                 "skip fewer"
             )
 
+    # Every finished span of each rank, warm-up included: the breakdown looks at all that was
+    # open in a kept step, and a span's children may lie in the warm-up.
+    own: list[list[int]] = [[] for _ in range(nr)]
+    for k, g in groups.items():
+        own[k % stride].extend(g)
+    # ... and those a digest keeps as rows: named like the step or a collective, or marked one.
+    row_names = {n for n, x in enumerate(names) if n == step_id or WAIT_NAMES.search(x)}
+    marked_true = {i for i, c in marked.items() if c}
+    marked_true_names = {sp.name[i] for i in marked_true}
+    rows_of: list[list[int]] = [[] for _ in range(nr)]
+    for k, g in groups.items():
+        if k // stride == step_id:
+            continue  # the breakdown's spans are the step's content
+        if k // stride in row_names:
+            rows_of[k % stride].extend(g)
+        elif k // stride in marked_true_names:
+            rows_of[k % stride].extend(i for i in g if i in marked_true)
+
     # Warm-up: spans of a rank that start before its first kept step.
     warmup = [0] * nr
     if skip_steps and step_idx:
@@ -265,7 +316,10 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
     dur = list(map(sub, end, start))
-    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end)
+    row_mask = bytes(n in row_names for n in range(len(names)))
+    local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
+    children = {k: c for loc in local for k, c in loc[1].items()}
+    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, children)
 
     # Collectives: spans the user marked, else spans named like one (never the step span).
     marked_names = {sp.name[i] for i, c in marked.items() if c}
@@ -304,6 +358,12 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
     elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
         notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    if steps is not None:
+        covers = [loc[0] for loc in local]
+        colls = {i for v in coll_idx.values() for i in v}
+        steps = _breakdown(trace, steps, step_idx, rows_of, covers, cover, collectives, colls, set(unknown_breakdown))
+        if trace.spans.entry is not None:
+            steps = _launch_lags(trace, steps, own)
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -369,6 +429,7 @@ def _name_stats(
     dur: list[int],
     start: Sequence[int],
     end: Sequence[int],
+    children: dict[int, int],
 ) -> tuple[dict[int, list[NameStats]], list[NameStats]]:
     by_name: dict[int, list[int]] = {}
     for k in groups:
@@ -382,6 +443,7 @@ def _name_stats(
         runs: list[int] = []
         slowest: Instance | None = None
         longest = -1
+        self_total = 0
         for k in ks:
             g = groups[k]
             r = ranks[k % stride]
@@ -391,11 +453,13 @@ def _name_stats(
             inst = Instance(r, start[i], end[i])
             if ds[-1] > longest:
                 slowest, longest = inst, ds[-1]
-            by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst))
+            own_self = totals[r] - children.get(k, 0)
+            self_total += own_self
+            by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst, own_self))
             runs.extend(ds)
         runs.sort()  # sorted runs: a merge, not a full sort
         assert slowest is not None
-        rows.append(_row(names[n], runs, totals, slowest))
+        rows.append(_row(names[n], runs, totals, slowest, self_total))
     order = lambda x: (-x.total_ns, x.name)  # noqa: E731
     rows.sort(key=order)
     for v in by_rank.values():
@@ -403,18 +467,24 @@ def _name_stats(
     return by_rank, rows
 
 
-def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance) -> NameStats:
+def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance, self_total: int) -> NameStats:
     """One name's statistics from its ascending durations and its total on each rank."""
     pct = (percentile(ds, 50), percentile(ds, 90), percentile(ds, 99))
-    return name_row(name, len(ds), pct, ds[-1], totals, slowest)
+    return name_row(name, len(ds), pct, ds[-1], totals, slowest, self_total)
 
 
 def name_row(
-    name: str, count: int, pct: tuple[int, int, int], max_ns: int, totals: dict[int, int], slowest: Instance
+    name: str,
+    count: int,
+    pct: tuple[int, int, int],
+    max_ns: int,
+    totals: dict[int, int],
+    slowest: Instance,
+    self_total_ns: int | None = None,
 ) -> NameStats:
-    """A name's row from its count, p50/p90/p99, longest and per-rank totals: the ranks with the
-    least and largest total, and the imbalance between them (any source of durations: the spans
-    themselves, or a digest's histograms)."""
+    """A name's row from its count, p50/p90/p99, longest, per-rank totals and self time: the
+    ranks with the least and largest total, and the imbalance between them (any source of
+    durations: the spans themselves, or a digest's histograms)."""
     total = sum(totals.values())
     lo = min(totals, key=lambda r: (totals[r], r))
     hi = max(totals, key=lambda r: (totals[r], -r))
@@ -434,6 +504,7 @@ def name_row(
         max_rank_total_ns=totals[hi],
         imbalance=totals[hi] / totals[lo] if totals[lo] else (math.inf if totals[hi] else 1.0),
         slowest=slowest,
+        self_total_ns=self_total_ns,
     )
 
 
@@ -563,7 +634,149 @@ def _steps(
         "clock error on a duration: twice its device anchor uncertainty, as a duration has two anchored ends "
         "(the offsets between ranks' clocks cancel out of a duration measured on one rank)"
     )
-    return Steps(step, skip, count, srank, starts, ends, busy, wait, medians, verdicts, rule, times)
+    # The breakdown's names and shapes; its numbers follow.
+    zero: list[int] = [0] * count
+    zero_or_none: list[int | None] = [0] * count
+    unknown: list[int | None] = [None] * count
+    return Steps(
+        step,
+        skip,
+        count,
+        srank,
+        starts,
+        ends,
+        busy,
+        wait,
+        medians,
+        verdicts,
+        rule,
+        times,
+        idle_ns={r: list(zero_or_none) for r in srank},
+        collective_wait_ns={r: list(zero) for r in srank},
+        collective_transfer_ns={r: list(zero) for r in srank},
+        exposed_collective_ns={r: list(zero_or_none) for r in srank},
+        launch_lag_ns={r: list(unknown) for r in srank},
+    )
+
+
+def _local(
+    trace: Trace,
+    own: list[int],
+    rows: list[int],
+    row_mask: bytes,
+    steps: list[int],
+    skip: int,
+    stride: int,
+    slot: int,
+) -> tuple[tuple[list[int], list[int], list[int]], dict[int, int]]:
+    """One rank's cover (the union per track of its spans that are not rows of a digest nor a
+    step's ancestor) and its kept spans' children's time per group key (name * stride + slot),
+    by the digest's own loops (`gputrace.digest_breakdown`), over its spans in the order written."""
+    sp = trace.spans
+    idx = sorted(own)
+    if idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
+        lo, hi = idx[0], idx[-1] + 1
+        names, tracks = array("l", sp.name[lo:hi]), array("l", sp.track[lo:hi])
+        starts, ends = array("q", sp.start[lo:hi]), array("q", sp.end[lo:hi])
+    else:
+        names = array("l", map(sp.name.__getitem__, idx))
+        tracks = array("l", map(sp.track.__getitem__, idx))
+        starts = array("q", map(sp.start.__getitem__, idx))
+        ends = array("q", map(sp.end.__getitem__, idx))
+    skip_rows = None
+    marked = [i for i in rows if not row_mask[sp.name[i]]]  # marked collective=True, not named like one
+    if marked:
+        b = bytearray(len(idx))
+        for i in marked:
+            b[bisect_left(idx, i)] = 1
+        skip_rows = bytes(b)
+    ss = array("q", (sp.start[i] for i in steps))
+    se = array("q", (sp.end[i] for i in steps))
+    st = array("q", (sp.track[i] for i in steps))
+    cover = dbk.cover_spans(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
+    # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
+    cut = array("q", [ss[skip]] if skip and len(ss) > skip else [])
+    e = array("q")
+    ck, cn, *_ = dbk.nest_spans(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+    kept = 1 if len(cut) else 0
+    children = {n * stride + slot: c for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept}
+    return cover, children
+
+
+def _breakdown(
+    trace: Trace,
+    steps: Steps,
+    step_idx: dict[int, list[int]],
+    rows: list[list[int]],
+    covers: list[tuple[list[int], list[int], list[int]]],
+    cover_spans: list[list[int]],
+    collectives: Collectives | None,
+    colls: set[int],
+    unknown: set[int],
+) -> Steps:
+    """`steps` with each rank's breakdown (`gputrace.breakdown`) filled in: from its rows (its
+    collective spans, others named like one, not its steps) and its cover, computed here
+    (`covers`) or a digest's (`cover_spans`). `colls`: the collective spans."""
+    sp = trace.spans
+    start, end, track = sp.start, sp.end, sp.track
+    transfers: dict[int, tuple[list[int], list[int]]] = {r: ([], []) for r in steps.ranks}
+    if collectives is not None:
+        for o in collectives.occurrences:
+            last = o.arrivals[o.last_rank]
+            for r, a in o.arrivals.items():
+                if r in transfers:
+                    transfers[r][0].append(max(a, last))
+                    transfers[r][1].append(o.ends[r])
+    slot = {r: s for s, r in enumerate(trace.ranks)}
+    idle: dict[int, list[int | None]] = {}
+    cwait: dict[int, list[int]] = {}
+    ctransfer: dict[int, list[int]] = {}
+    exposed: dict[int, list[int | None]] = {}
+    for r in steps.ranks:
+        s = slot[r]
+        ws, we = steps.start_ns[r], steps.end_ns[r]
+        st = step_idx[s]  # the rank's finished steps in start order, warm-up included
+        ss, se, strk = [start[i] for i in st], [end[i] for i in st], [track[i] for i in st]
+        # Only a span as long as a step can enclose one (be its ancestor).
+        least = min(map(sub, se, ss), default=0)
+        durs = map(sub, map(end.__getitem__, rows[s]), map(start.__getitem__, rows[s]))
+        long = set(compress(rows[s], map(ge, durs, repeat(least))))
+        ancestors = {i for i in long if bd.is_ancestor(start[i], end[i], track[i], ss, se, strk)}
+        mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
+        mine += cover_spans[s]
+        ct, cs, ce = covers[s]
+        i_, w_, t_, e_ = bd.rank_breakdown(
+            ws,
+            we,
+            [*map(start.__getitem__, mine), *cs],
+            [*map(end.__getitem__, mine), *ce],
+            [*map(track.__getitem__, mine), *ct],
+            [*map(colls.__contains__, mine), *repeat(False, len(ct))],
+            (transfers[r][0], transfers[r][1]),
+            steps.wait_ns[r],
+        )
+        cwait[r], ctransfer[r] = w_, t_
+        known = r not in unknown
+        idle[r] = list(i_) if known else [None] * len(ws)
+        exposed[r] = list(e_) if known else [None] * len(ws)
+    return dataclasses.replace(
+        steps, idle_ns=idle, collective_wait_ns=cwait, collective_transfer_ns=ctransfer, exposed_collective_ns=exposed
+    )
+
+
+def _launch_lags(trace: Trace, steps: Steps, own: list[list[int]]) -> Steps:
+    """`steps` with each rank's launch lags, from the host entry times of its CUDA spans."""
+    sp = trace.spans
+    entry = sp.entry
+    assert entry is not None
+    cuda = [t.kind == "cuda" for t in trace.tracks]
+    slot = {r: s for s, r in enumerate(trace.ranks)}
+    lag: dict[int, list[int | None]] = {}
+    for r in steps.ranks:
+        idx = sorted(own[slot[r]])
+        pairs = [(entry[i], sp.start[i]) for i in idx if entry[i] > 0 and cuda[sp.track[i]]]
+        lag[r] = bd.launch_lags(steps.start_ns[r], steps.end_ns[r], pairs)
+    return dataclasses.replace(steps, launch_lag_ns=lag)
 
 
 def _collectives(
@@ -680,6 +893,7 @@ def _stats_json(r: NameStats) -> dict[str, Any]:
         "max_rank_total_ns": r.max_rank_total_ns,
         "imbalance": _num(r.imbalance),
         "slowest": {"rank": r.slowest.rank, "start_ns": r.slowest.start_ns, "end_ns": r.slowest.end_ns},
+        "self_total_ns": r.self_total_ns,
     }
 
 
@@ -724,6 +938,11 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "end_ns": keyed(st.end_ns),
             "busy_ns": keyed(st.busy_ns),
             "wait_ns": keyed(st.wait_ns),
+            "idle_ns": keyed(st.idle_ns),
+            "collective_wait_ns": keyed(st.collective_wait_ns),
+            "collective_transfer_ns": keyed(st.collective_transfer_ns),
+            "exposed_collective_ns": keyed(st.exposed_collective_ns),
+            "launch_lag_ns": keyed(st.launch_lag_ns),
             "median_busy_ns": st.median_busy_ns,
             "verdicts": [
                 {
@@ -739,6 +958,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
                 for v in st.verdicts
             ],
             "times_slowest": keyed(st.times_slowest),
+            "causes": causes(st, summary.collectives, fmt_ns),
         }
     co = summary.collectives
     if co is not None:
@@ -898,6 +1118,7 @@ def _names_grid(rows: list[NameStats], width: int, nranks: int, dropped: list[st
         _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
         _Col("count", [f"{r.count:,}" for r in rows]),
         _Col("total", [fmt_ns(r.total_ns) for r in rows]),
+        _Col("self", ["?" if r.self_total_ns is None else fmt_ns(r.self_total_ns) for r in rows], keep=2),
         _Col("mean", [fmt_ns(r.mean_ns) for r in rows], keep=4),
         _Col("p50", [fmt_ns(r.p50_ns) for r in rows], keep=2),
         _Col("p90", [fmt_ns(r.p90_ns) for r in rows], keep=5),
@@ -1020,6 +1241,15 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                     f" of {fmt_ns(v.median_ns)})",
                     width,
                 )
+
+    if st is not None:
+        said = causes(st, s.collectives, fmt_ns)
+        if said:
+            out += _wrap("why:", width)
+            for line in said[:top]:
+                out += _wrap("  " + line, width)
+            if len(said) > top:
+                out += _wrap(f"  ({len(said) - top} more in --json: steps.causes)", width)
 
     if co is not None:
         out += [""]

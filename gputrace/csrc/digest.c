@@ -1,5 +1,6 @@
 /* The digest's loops: the per-span work of digest.Builder over a recorder's columns
- * (digest_rows, digest_fold), and reading an int64 column where it lies. */
+ * (digest_rows, digest_fold; digest_cover and digest_nest for digest_breakdown.Local), and reading
+ * an int64 column where it lies. */
 #include "hot.h"
 
 /* ---- per-rank digests: the per-span loops of digest.Builder ------------------------------------ */
@@ -349,9 +350,451 @@ out:
     return result;
 }
 
+/* ---- the step breakdown's and self time's loops (digest_breakdown.py) ---------------------------- */
+
+/* A growable column of int64. */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static int vec_push(Vec *x, long long a) {
+    if (x->n == x->cap) {
+        Py_ssize_t cap = x->cap ? 2 * x->cap : 64;
+        long long *g = PyMem_Realloc(x->v, sizeof(long long) * (size_t)cap);
+        if (!g) { PyErr_NoMemory(); return -1; }
+        x->v = g;
+        x->cap = cap;
+    }
+    x->v[x->n++] = a;
+    return 0;
+}
+
+static void vec_free(Vec *x) {
+    PyMem_Free(x->v);
+    x->v = NULL;
+    x->n = x->cap = 0;
+}
+
+/* bisect.bisect_left(a[0:n], x) */
+static Py_ssize_t bisect_left_ll(const long long *a, Py_ssize_t n, long long x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* An int64 column of any length (array.array 'q', read in place where it can be). */
+typedef struct {
+    PyObject *keep;
+    const long long *v;
+    Py_ssize_t n;
+} Col;
+
+static int col_read(Col *c, PyObject *o) {
+    c->keep = NULL;
+    c->v = (const long long *)gt_column_items(o, &c->n, &c->keep);
+    return c->v ? 0 : -1;
+}
+
+/* The columns the comparators below read: qsort has no context argument everywhere, and the GIL
+ * is held throughout (no Python code runs while they sort). */
+static const Cols *sort_cols;
+
+/* The cover's order: by track, start, end, then as given. */
+static int cover_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] < c->start[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* The nesting order: by track, end, start descending, then as given. */
+static int nest_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] > c->start[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* Sort span indices by `cmp` (track first): a stable counting sort by track, then an insertion
+ * sort within each track, which is near linear for spans that come nearly in order, as a
+ * recorder's do (children before their parents); a track whose spans need more moves than a few
+ * per span is sorted by qsort instead. */
+static int sort_spans(Py_ssize_t *idx, Py_ssize_t m, const Cols *c, int (*cmp)(const void *, const void *)) {
+    sort_cols = c;
+    long long maxt = -1;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (c->track[idx[i]] > maxt) maxt = c->track[idx[i]];
+    if (maxt > 4 * (long long)m + 1024) { /* track numbers far apart: no counting */
+        qsort(idx, (size_t)m, sizeof(Py_ssize_t), cmp);
+        return 0;
+    }
+    Py_ssize_t *cnt = PyMem_Calloc((size_t)maxt + 2, sizeof(Py_ssize_t));
+    Py_ssize_t *tmp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(m ? m : 1));
+    if (!cnt || !tmp) {
+        PyMem_Free(cnt);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) cnt[c->track[idx[i]] + 1]++;
+    for (long long t = 0; t <= maxt; t++) cnt[t + 1] += cnt[t];
+    for (Py_ssize_t i = 0; i < m; i++) tmp[cnt[c->track[idx[i]]]++] = idx[i];
+    memcpy(idx, tmp, sizeof(Py_ssize_t) * (size_t)m);
+    PyMem_Free(cnt);
+    PyMem_Free(tmp);
+    for (Py_ssize_t lo = 0; lo < m;) {
+        Py_ssize_t hi = lo;
+        while (hi < m && c->track[idx[hi]] == c->track[idx[lo]]) hi++;
+        long long moves = 0, budget = 16 * (long long)(hi - lo) + 64;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            Py_ssize_t x = idx[i], j = i;
+            while (j > lo && cmp(&idx[j - 1], &x) > 0) {
+                idx[j] = idx[j - 1];
+                j--;
+                moves++;
+            }
+            idx[j] = x;
+            if (moves > budget) {
+                qsort(idx + lo, (size_t)(hi - lo), sizeof(Py_ssize_t), cmp);
+                break;
+            }
+        }
+        lo = hi;
+    }
+    return 0;
+}
+
+static PyObject *tuple_of_vecs(Vec *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *l = list_ll(v[i].v, v[i].n);
+        if (!l) { Py_DECREF(t); return NULL; }
+        PyTuple_SetItem(t, i, l);
+    }
+    return t;
+}
+
+PyDoc_STRVAR(digest_cover_doc,
+             "digest_cover(names, tracks, starts, ends, skip, row_mask, step_starts, step_ends, step_tracks, /)\n--\n\n"
+             "digest_breakdown._cover_py: the union per track of the spans not set in skip, not of a row\n"
+             "name, not other tools', not empty or inverted, and not a step's ancestor: (tracks, starts, ends)\n"
+             "of disjoint intervals, by track then start.");
+static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends, *skipo, *sso, *seo, *sto;
+    const char *mask;
+    Py_ssize_t nmask;
+    if (!PyArg_ParseTuple(args, "OOOOOy#OOO", &names, &tracks, &starts, &ends, &skipo, &mask, &nmask, &sso, &seo, &sto))
+        return NULL;
+    Cols c;
+    Col ss = {0}, se = {0}, st = {0};
+    Py_ssize_t *p = NULL;
+    Vec out[3] = {{0}};
+    PyObject *result = NULL;
+    const char *skip = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0) return NULL;
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != c.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_cover: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    if (col_read(&ss, sso) < 0 || col_read(&se, seo) < 0 || col_read(&st, sto) < 0) goto out;
+    if (se.n != ss.n || st.n != ss.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_cover: step columns of different lengths");
+        goto out;
+    }
+    p = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c.n ? c.n : 1));
+    if (!p) { PyErr_NoMemory(); goto out; }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        long long t = c.track[i], s = c.start[i], e = c.end[i], k = c.name[i];
+        if (t < 0 || e <= s || (skip && skip[i]) || (k >= 0 && k < nmask && mask[k])) continue;
+        Py_ssize_t j = bisect_left_ll(ss.v, ss.n, s); /* breakdown.is_ancestor */
+        if (j < ss.n && se.v[j] <= e && st.v[j] == t && (ss.v[j] > s || se.v[j] < e)) continue;
+        p[m++] = i;
+    }
+    if (sort_spans(p, m, &c, cover_cmp) < 0) goto out;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t n = out[0].n, i = p[k];
+        long long t = c.track[i], s = c.start[i], e = c.end[i];
+        if (n && out[0].v[n - 1] == t && s <= out[2].v[n - 1]) {
+            if (e > out[2].v[n - 1]) out[2].v[n - 1] = e;
+        } else if (vec_push(&out[0], t) < 0 || vec_push(&out[1], s) < 0 || vec_push(&out[2], e) < 0) {
+            goto out;
+        }
+    }
+    result = tuple_of_vecs(out, 3);
+out:
+    cols_free(&c);
+    Py_XDECREF(ss.keep);
+    Py_XDECREF(se.keep);
+    Py_XDECREF(st.keep);
+    PyMem_Free(p);
+    for (int i = 0; i < 3; i++) vec_free(&out[i]);
+    return result;
+}
+
+PyDoc_STRVAR(digest_nest_doc,
+             "digest_nest(names, tracks, starts, ends, skip, step_starts, bucket, nb, carry_tracks, carry_starts,\n"
+             "            carry_ends, floor, /)\n--\n\n"
+             "digest_breakdown._nest_py: per key, the time its spans' children took; the spans not yet taken\n"
+             "after the batch; the spans that took every carried span of their track and start at or before\n"
+             "floor[track]. NotImplemented where a sum would pass 2^63.");
+static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends, *skipo, *steps, *cto, *cso, *ceo, *flo;
+    long bucket, nb;
+    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
+                          &cso, &ceo, &flo))
+        return NULL;
+    Cols c;
+    Col sb = {0}, ct = {0}, cs = {0}, ce = {0}, fl = {0};
+    Py_ssize_t *order = NULL;
+    Vec out[8] = {{0}}; /* ck, cn, ot, os, oe, bk, bt, bs */
+    Vec ss = {0}, se = {0}; /* the stack of the track at hand */
+    I64Map keys = {0};
+    PyObject *result = NULL;
+    const char *skip = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0) return NULL;
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != c.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_nest: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    if (nb < 1) {
+        PyErr_SetString(PyExc_ValueError, "digest_nest: bad buckets");
+        goto out;
+    }
+    if (col_read(&sb, steps) < 0 || col_read(&ct, cto) < 0 || col_read(&cs, cso) < 0 || col_read(&ce, ceo) < 0 ||
+        col_read(&fl, flo) < 0)
+        goto out;
+    if (cs.n != ct.n || ce.n != ct.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_nest: carried columns of different lengths");
+        goto out;
+    }
+    order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c.n ? c.n : 1));
+    if (!order || map_init(&keys, 64) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto out;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++)
+        if (c.track[i] >= 0 && c.end[i] >= c.start[i] && !(skip && skip[i])) order[m++] = i;
+    if (sort_spans(order, m, &c, nest_cmp) < 0) goto out;
+    Py_ssize_t cp = 0, a = 0;
+    while (a < m || cp < ct.n) {
+        long long t = a < m ? c.track[order[a]] : LLONG_MAX;
+        /* carried tracks before this one pass through */
+        while (cp < ct.n && ct.v[cp] < t) {
+            if (vec_push(&out[2], ct.v[cp]) < 0 || vec_push(&out[3], cs.v[cp]) < 0 || vec_push(&out[4], ce.v[cp]) < 0)
+                goto out;
+            cp++;
+        }
+        if (a >= m) break;
+        ss.n = se.n = 0;
+        while (cp < ct.n && ct.v[cp] == t) {
+            if (vec_push(&ss, cs.v[cp]) < 0 || vec_push(&se, ce.v[cp]) < 0) goto out;
+            cp++;
+        }
+        for (; a < m && c.track[order[a]] == t; a++) {
+            Py_ssize_t i = order[a];
+            long long s = c.start[i], took = 0;
+            while (ss.n && ss.v[ss.n - 1] >= s) {
+                se.n = --ss.n;
+                long long d = se.v[ss.n] - ss.v[ss.n];
+                if (d < 0 || d > LLONG_MAX - took) { result = Py_NewRef(Py_NotImplemented); goto out; }
+                took += d;
+            }
+            long b = bucket >= 0 ? bucket : (long)bisect_right_ll(sb.v, sb.n, s);
+            if (b > nb - 1) b = nb - 1;
+            long long key = (long long)c.name[i] * nb + b;
+            if (took) {
+                Py_ssize_t k = map_index(&keys, key, out[0].n);
+                if (k < 0) goto out;
+                if (k == out[0].n && (vec_push(&out[0], key) < 0 || vec_push(&out[1], 0) < 0)) goto out;
+                if (took > LLONG_MAX - out[1].v[k]) { result = Py_NewRef(Py_NotImplemented); goto out; }
+                out[1].v[k] += took;
+            }
+            if (!ss.n && t < fl.n && s <= fl.v[t]) {
+                if (vec_push(&out[5], key) < 0 || vec_push(&out[6], t) < 0 || vec_push(&out[7], s) < 0) goto out;
+            }
+            if (vec_push(&ss, s) < 0 || vec_push(&se, c.end[i]) < 0) goto out;
+        }
+        for (Py_ssize_t j = 0; j < ss.n; j++)
+            if (vec_push(&out[2], t) < 0 || vec_push(&out[3], ss.v[j]) < 0 || vec_push(&out[4], se.v[j]) < 0) goto out;
+    }
+    result = tuple_of_vecs(out, 8);
+out:
+    cols_free(&c);
+    Py_XDECREF(sb.keep);
+    Py_XDECREF(ct.keep);
+    Py_XDECREF(cs.keep);
+    Py_XDECREF(ce.keep);
+    Py_XDECREF(fl.keep);
+    PyMem_Free(order);
+    for (int i = 0; i < 8; i++) vec_free(&out[i]);
+    vec_free(&ss);
+    vec_free(&se);
+    map_free(&keys);
+    return result;
+}
+
+/* ---- interval sets of the step breakdown (breakdown.py: union, minus, within) ------------------- */
+
+typedef struct {
+    long long s, e;
+} Iv;
+
+static int iv_cmp(const void *a, const void *b) {
+    const Iv *x = a, *y = b;
+    if (x->s != y->s) return x->s < y->s ? -1 : 1;
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return 0;
+}
+
+static PyObject *pair_of_vecs(Vec *a, Vec *b) {
+    PyObject *x = list_ll(a->v, a->n), *y = x ? list_ll(b->v, b->n) : NULL;
+    PyObject *t = y ? PyTuple_Pack(2, x, y) : NULL;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return t;
+}
+
+PyDoc_STRVAR(interval_union_doc,
+             "interval_union(starts, ends, /)\n--\n\n"
+             "breakdown.union: the union of [start, end) intervals as sorted, disjoint (starts, ends).");
+static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
+    PyObject *so, *eo;
+    if (!PyArg_ParseTuple(args, "OO", &so, &eo)) return NULL;
+    Col a = {0}, b = {0};
+    Iv *v = NULL;
+    Vec us = {0}, ue = {0};
+    PyObject *result = NULL;
+    if (col_read(&a, so) < 0 || col_read(&b, eo) < 0) goto out;
+    if (a.n != b.n) {
+        PyErr_SetString(PyExc_ValueError, "interval_union: columns of different lengths");
+        goto out;
+    }
+    v = PyMem_Malloc(sizeof(Iv) * (size_t)(a.n ? a.n : 1));
+    if (!v) { PyErr_NoMemory(); goto out; }
+    Py_ssize_t m = 0;
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < a.n; i++) {
+        if (b.v[i] <= a.v[i]) continue;
+        v[m].s = a.v[i];
+        v[m].e = b.v[i];
+        if (m && iv_cmp(&v[m - 1], &v[m]) > 0) sorted = 0;
+        m++;
+    }
+    if (!sorted) qsort(v, (size_t)m, sizeof(Iv), iv_cmp);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (us.n && v[i].s <= ue.v[ue.n - 1]) {
+            if (v[i].e > ue.v[ue.n - 1]) ue.v[ue.n - 1] = v[i].e;
+        } else if (vec_push(&us, v[i].s) < 0 || vec_push(&ue, v[i].e) < 0) {
+            goto out;
+        }
+    }
+    result = pair_of_vecs(&us, &ue);
+out:
+    Py_XDECREF(a.keep);
+    Py_XDECREF(b.keep);
+    PyMem_Free(v);
+    vec_free(&us);
+    vec_free(&ue);
+    return result;
+}
+
+PyDoc_STRVAR(interval_minus_doc,
+             "interval_minus(xs, xe, ys, ye, /)\n--\n\n"
+             "breakdown.minus: x less y, both sorted and disjoint, as (starts, ends).");
+static PyObject *hot_interval_minus(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    Vec us = {0}, ue = {0};
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_minus: columns of different lengths");
+        goto out;
+    }
+    const long long *xs = c[0].v, *xe = c[1].v, *ys = c[2].v, *ye = c[3].v;
+    Py_ssize_t ny = c[2].n, j = 0;
+    for (Py_ssize_t i = 0; i < c[0].n; i++) {
+        long long a = xs[i], b = xe[i];
+        while (j < ny && ye[j] <= a) j++;
+        for (Py_ssize_t k = j; a < b && k < ny && ys[k] < b; k++) {
+            if (ys[k] > a && (vec_push(&us, a) < 0 || vec_push(&ue, ys[k]) < 0)) goto out;
+            if (ye[k] > a) a = ye[k];
+        }
+        if (a < b && (vec_push(&us, a) < 0 || vec_push(&ue, b) < 0)) goto out;
+    }
+    result = pair_of_vecs(&us, &ue);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    vec_free(&us);
+    vec_free(&ue);
+    return result;
+}
+
+PyDoc_STRVAR(interval_within_doc,
+             "interval_within(us, ue, ws, we, /)\n--\n\n"
+             "breakdown.within: for each window [ws[k], we[k]), the length of the sorted, disjoint\n"
+             "intervals (us, ue) inside it.");
+static PyObject *hot_interval_within(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    long long *prefix = NULL, *got = NULL;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_within: columns of different lengths");
+        goto out;
+    }
+    const long long *us = c[0].v, *ue = c[1].v, *ws = c[2].v, *we = c[3].v;
+    Py_ssize_t n = c[0].n, nw = c[2].n;
+    prefix = PyMem_Malloc(sizeof(long long) * (size_t)(n + 1));
+    got = PyMem_Malloc(sizeof(long long) * (size_t)(nw ? nw : 1));
+    if (!prefix || !got) { PyErr_NoMemory(); goto out; }
+    prefix[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) prefix[i + 1] = prefix[i] + (ue[i] - us[i]);
+    for (Py_ssize_t k = 0; k < nw; k++) {
+        long long a = ws[k], b = we[k];
+        Py_ssize_t i = bisect_right_ll(ue, n, a), j = bisect_left_ll(us, n, b);
+        if (i >= j) { got[k] = 0; continue; }
+        got[k] = prefix[j] - prefix[i] - (us[i] < a ? a - us[i] : 0) - (ue[j - 1] > b ? ue[j - 1] - b : 0);
+    }
+    result = list_ll(got, nw);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    PyMem_Free(prefix);
+    PyMem_Free(got);
+    return result;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
+    {"digest_cover", hot_digest_cover, METH_VARARGS, digest_cover_doc},
+    {"digest_nest", hot_digest_nest, METH_VARARGS, digest_nest_doc},
+    {"interval_union", hot_interval_union, METH_VARARGS, interval_union_doc},
+    {"interval_minus", hot_interval_minus, METH_VARARGS, interval_minus_doc},
+    {"interval_within", hot_interval_within, METH_VARARGS, interval_within_doc},
     {NULL},
 };
 
