@@ -9,16 +9,16 @@ the names only one run has. Names are sorted with the largest regression first: 
 changes beyond the noise (largest `delta_pct` first, so improvements come last), then those
 within it. `to_json` labels every value; `table` is text that fits a terminal.
 
-Noise, defined (RULE says it in one line):
-- a span name's spread in a run is the range of its ranks' medians (largest minus least): ranks
-  running the same code differ by about that much by chance, so a change of the pooled median
-  smaller than that is no evidence. With one rank a run has no such spread (said in a note);
-- the step's spread in a run is half the interquartile range of its step durations (every rank,
-  every step): collectives hold the ranks' steps together, so their medians barely differ,
-  while one step to the next does;
-- a change is noise when |b - a| is at most the larger of the two runs' spreads, or at most
-  FLOOR_PCT of the larger median (the precision of a median read from a digest's histogram,
-  applied whatever was read, so a run gives the same verdicts from its digests and its traces).
+Noise, defined (RULE says it in one line): a run's own spread for a name is the larger of
+- the range of its ranks' medians (largest minus least): ranks running the same code differ by
+  about that much by chance, so a change of the pooled median smaller than that is no evidence;
+- half its interquartile range, how much one occurrence differs from the next: for the step
+  computed from its step durations (every rank, every step); for a span name estimated as half
+  the distance from its median to its 90th percentile (the summary keeps p50 and p90, not the
+  quartiles; for a symmetric spread the two agree), which also gives a one-rank run a spread.
+A change is noise when |b - a| is at most the larger of the two runs' spreads, or at most
+FLOOR_PCT of the larger median (the precision of a median read from a digest's histogram,
+applied whatever was read, so a run gives the same verdicts from its digests and its traces).
 
 `regressed(diff, pct)` lists the names (the step included) slower by more than `pct` percent and
 beyond the noise: `gputrace diff --fail-above` fails on those only, since a gate that fails on
@@ -42,9 +42,9 @@ from gputrace.errors import GputraceError
 FLOOR_PCT = 100 * max(HIST_ERROR, stats.MARGIN_PCT / 100)
 
 RULE = (
-    "a change is noise when it is within the larger of the two runs' spreads (a span name's: the range "
-    "of its ranks' medians; the step's: half the interquartile range of its step durations) or within "
-    f"{FLOOR_PCT:.1f}% of the larger median"
+    "a change is noise when it is within the larger of the two runs' spreads (a run's spread: the range of "
+    "its ranks' medians, or half its interquartile range if larger, estimated for a span name as half its "
+    f"p90 - p50) or within {FLOOR_PCT:.1f}% of the larger median"
 )
 
 
@@ -141,8 +141,7 @@ def compare(a: stats.Summary, b: stats.Summary, a_paths: Sequence[str] = (), b_p
             "the runs have no span name in common: nothing to compare "
             f"(A has {_some(list(in_a))}; B has {_some(list(in_b))})"
         )
-    rank_medians_a = _rank_medians(a)
-    rank_medians_b = _rank_medians(b)
+    medians_a, medians_b = _rank_medians(a), _rank_medians(b)
     changes = [
         _change(
             n,
@@ -150,8 +149,8 @@ def compare(a: stats.Summary, b: stats.Summary, a_paths: Sequence[str] = (), b_p
             in_b[n].p50_ns,
             in_a[n].count,
             in_b[n].count,
-            _range(rank_medians_a.get(n, [])),
-            _range(rank_medians_b.get(n, [])),
+            max(_range(medians_a.get(n, [])), (in_a[n].p90_ns - in_a[n].p50_ns) // 2),
+            max(_range(medians_b.get(n, [])), (in_b[n].p90_ns - in_b[n].p50_ns) // 2),
         )
         for n in common
     ]
@@ -170,15 +169,14 @@ def compare(a: stats.Summary, b: stats.Summary, a_paths: Sequence[str] = (), b_p
             stats.percentile(db, 50),
             len(da),
             len(db),
-            _half_iqr(da),
-            _half_iqr(db),
+            max(_range(_step_medians(sa)), _half_iqr(da)),
+            max(_range(_step_medians(sb)), _half_iqr(db)),
         )
     notes = []
     for run in (ra, rb):
         if len(run.ranks) == 1:
             notes.append(
-                f"run {run.label} has one rank: no spread across ranks to judge a span name's noise by, only "
-                f"the {FLOOR_PCT:.1f}% floor"
+                f"run {run.label} has one rank: its spread is only how much one occurrence differs from the next"
             )
     return Diff(
         a=ra,
@@ -216,6 +214,13 @@ def _range(values: list[int]) -> int:
 
 def _step_durations(st: stats.Steps) -> list[int]:
     return sorted(e - s for r in st.ranks for s, e in zip(st.start_ns[r][: st.count], st.end_ns[r][: st.count]))
+
+
+def _step_medians(st: stats.Steps) -> list[int]:
+    return [
+        stats.percentile(sorted(e - s for s, e in zip(st.start_ns[r][: st.count], st.end_ns[r][: st.count])), 50)
+        for r in st.ranks
+    ]
 
 
 def _half_iqr(ascending: list[int]) -> int:

@@ -1,7 +1,7 @@
 """One rank of the run-to-run diff tests, with the torchrun variables set.
 
 `python -m tests.diff_worker OUT STEPS SLOW_MS`: a small training loop on gloo whose spans vary
-from step to step as real ones do (`forward` and `backward` sleep a random 2-8 ms, `data` 1 ms),
+from step to step as real ones do (`forward` and `backward` sleep a random 2-8 ms, `data` 0.5-2.5 ms),
 with an all-reduce in each step; `backward` takes SLOW_MS more on every rank (0: the same program
 as any other run). Saved into OUT with its step digest. Prints {"rank": R} as one JSON line.
 """
@@ -29,7 +29,7 @@ def main(out: str, steps: int, slow_ms: float) -> None:
     for i in range(steps):
         with gputrace.span("step", step=i):
             with gputrace.span("data"):
-                time.sleep(0.001)
+                time.sleep(rng.uniform(0.0005, 0.0025))
             with gputrace.span("forward"):
                 time.sleep(rng.uniform(0.002, 0.008))
             with gputrace.span("backward"):
