@@ -172,7 +172,7 @@ def compare(a: stats.Summary, b: stats.Summary, a_paths: Sequence[str] = (), b_p
             max(_range(_step_medians(sa)), _half_iqr(da)),
             max(_range(_step_medians(sb)), _half_iqr(db)),
         )
-    notes = []
+    notes = [] if step_change is not None else ["neither run has step spans: no step time compared (--step NAME)"]
     for run in (ra, rb):
         if len(run.ranks) == 1:
             notes.append(
@@ -191,7 +191,7 @@ def compare(a: stats.Summary, b: stats.Summary, a_paths: Sequence[str] = (), b_p
 
 def regressed(diff: Diff, pct: float) -> list[Change]:
     """The step and names slower in B by more than `pct` percent, beyond the noise."""
-    found = [c for c in ([diff.step] if diff.step is not None else []) + diff.names]
+    found = ([diff.step] if diff.step is not None else []) + diff.names
     return [c for c in found if c.regressed and c.delta_pct > pct]
 
 
