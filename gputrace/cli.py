@@ -482,6 +482,10 @@ def view(
 
     if export:
         check_target(export)  # before the traces are read, not after
+    if compare is not None:
+        from gputrace.diff import check
+
+        check([compare], "B")  # before the traces are read, not after
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
     sel = selection

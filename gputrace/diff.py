@@ -91,6 +91,17 @@ class Diff:
     notes: list[str] = field(default_factory=list)
 
 
+def check(paths: Sequence[str], label: str) -> None:
+    """Fail early, before anything is read, when `paths` name no run (missing, or no trace or
+    digest files there): the error says which run."""
+    from gputrace.summary import find
+
+    try:
+        find(paths)
+    except GputraceError as e:
+        raise GputraceError(f"run {label}: {e}") from None
+
+
 def read(
     a_paths: Sequence[str],
     b_paths: Sequence[str],
@@ -106,6 +117,8 @@ def read(
     choice of digests or traces for both)."""
     from gputrace.summary import summary_of_files
 
+    check(a_paths, "A")
+    check(b_paths, "B")
     summaries = []
     for label, paths in (("A", a_paths), ("B", b_paths)):
         try:

@@ -1,7 +1,7 @@
 """One rank of the run-to-run diff tests, with the torchrun variables set.
 
 `python -m tests.diff_worker OUT STEPS SLOW_MS`: a small training loop on gloo whose spans vary
-from step to step as real ones do (`forward` and `backward` sleep a random 2-8 ms, `data` 0.5-2.5 ms),
+from step to step as real ones do (`forward` sleeps a random 2-8 ms, `backward` 1-3 ms, `data` 0.5-2.5 ms),
 with an all-reduce in each step; `backward` takes SLOW_MS more on every rank (0: the same program
 as any other run). Saved into OUT with its step digest. Prints {"rank": R} as one JSON line.
 """
@@ -33,7 +33,7 @@ def main(out: str, steps: int, slow_ms: float) -> None:
             with gputrace.span("forward"):
                 time.sleep(rng.uniform(0.002, 0.008))
             with gputrace.span("backward"):
-                time.sleep(rng.uniform(0.002, 0.008) + slow_ms / 1000)
+                time.sleep(rng.uniform(0.001, 0.003) + slow_ms / 1000)
             with gputrace.span("all_reduce", collective=True):
                 dist.all_reduce(t)
     gputrace.save(out)
