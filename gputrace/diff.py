@@ -346,9 +346,11 @@ def table(diff: Diff, width: int | None = None) -> str:
     out += wrap("rule: " + diff.rule, w)
     for n in diff.notes:
         out += wrap("note: " + n, w)
-    for run in (diff.a, diff.b):
-        for n in run.notes:
-            out += wrap(f"note ({run.label}): {n}", w)
+    for n in diff.a.notes:  # a note both runs have is said once
+        out += wrap(f"note ({'A, B' if n in diff.b.notes else 'A'}): {n}", w)
+    for n in diff.b.notes:
+        if n not in diff.a.notes:
+            out += wrap(f"note (B): {n}", w)
     if dropped:
         out += wrap(
             f"note: left out to fit {w} columns: {', '.join(dropped)}; a wider terminal or COLUMNS=N shows them, "
