@@ -249,6 +249,53 @@ def summary(paths: tuple[str, ...], as_json: bool, by_rank: bool, full: bool, se
 
 
 @main.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option(
+    "--fail-above",
+    "fail_above",
+    default=None,
+    type=click.FloatRange(0),
+    metavar="PCT",
+    help="exit 1 when a span name (or the step) is slower in B by more than PCT percent, beyond the noise",
+)
+@selection_options(window=False)
+@click.option("--full", is_flag=True, help="read the whole traces even where the ranks wrote step digests")
+@_guard
+def diff(a: str, b: str, as_json: bool, fail_above: float | None, full: bool, selection: Selection) -> None:
+    """Compare run B with run A (each a directory, a trace file, a digest or a glob): per span
+    name the median per occurrence in each, the change, and whether it lies within the runs' own
+    spread (noise); the step time too; the largest regression first. Each run is read as
+    `gputrace summary` reads it."""
+    import orjson
+
+    from gputrace import diff as diff_mod
+
+    d = diff_mod.read(
+        [a],
+        [b],
+        selection.step,
+        selection.skip_steps,
+        allow_mixed=selection.allow_mixed,
+        full=full,
+        ranks=sorted(selection.ranks) if selection.ranks is not None else None,
+        steps=selection.steps,
+    )
+    if as_json:
+        click.echo(orjson.dumps(diff_mod.to_json(d, fail_above)).decode())
+    else:
+        click.echo(diff_mod.table(d))
+    if fail_above is not None:
+        worse = diff_mod.regressed(d, fail_above)
+        if worse:
+            if not as_json:
+                names = ", ".join(f"{c.name} {c.delta_pct:+.1f}%" for c in worse)
+                click.echo(f"gputrace diff: slower by more than {fail_above:g}% beyond the noise: {names}", err=True)
+            sys.exit(1)
+
+
+@main.command()
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--out", required=True, help="the merged trace to write (.json, or .pftrace for protobuf)")
 @click.option(
@@ -404,6 +451,13 @@ def validate(paths: tuple[str, ...]) -> None:
     help="the Perfetto UI for the timeline  [default: a local build if installed, else ui.perfetto.dev]",
 )
 @click.option("--export", "export", metavar="FILE.html", help="write one self-contained HTML report and exit")
+@click.option(
+    "--compare",
+    "compare",
+    metavar="B",
+    default=None,
+    help="another run (directory, trace file or digest): a tab shows what `gputrace diff` says of it",
+)
 @selection_options(allow_mixed=False)
 @_guard
 @_mixed_runs_fix(
@@ -417,15 +471,21 @@ def view(
     perfetto_ui: str | None,
     export: str | None,
     selection: Selection,
+    compare: str | None = None,
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
-    collective, span statistics, each linked to the Perfetto timeline."""
+    collective, span statistics, each linked to the Perfetto timeline; with --compare, the
+    change from this run to another, name by name."""
     from gputrace.trace.files import check_target, write_atomic
     from gputrace.trace.registry import expand
     from gputrace.viewer import data, report, server
 
     if export:
         check_target(export)  # before the traces are read, not after
+    if compare is not None:
+        from gputrace.diff import check
+
+        check([compare], "B")  # before the traces are read, not after
     ui = None if export else server.resolve_ui(perfetto_ui)
     files = expand(paths)
     sel = selection
@@ -446,6 +506,10 @@ def view(
         trace = data.load(files, ranks=sel.ranks, steps=sel.steps, window=sel.window, step_name=sel.step_name)
         doc = data.document(
             trace, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
+        )
+    if compare is not None:
+        doc["compare"] = data.compare(
+            list(paths), [compare], step=sel.step, skip_steps=sel.skip_steps, ranks=sel.ranks, steps=sel.steps
         )
     if export:
         write_atomic(export, report.html(doc))

@@ -170,6 +170,29 @@ def from_digests(
     return doc
 
 
+def compare(
+    a_paths: Sequence[str],
+    b_paths: Sequence[str],
+    *,
+    step: str | None = None,
+    skip_steps: int = 0,
+    ranks: Iterable[int] | None = None,
+    steps: tuple[int | None, int | None] | None = None,
+) -> dict[str, Any]:
+    """The page's `compare` part (`view A --compare B`): the diff of run A (the page's) with run
+    B, computed by `gputrace.diff` from both runs read as `gputrace diff` reads them, so the tab
+    shows the numbers the command prints (`diff.to_json`; paths and notes as the page shows text)."""
+    from gputrace import diff
+
+    d = diff.to_json(
+        diff.read(a_paths, b_paths, step, skip_steps, ranks=sorted(ranks) if ranks is not None else None, steps=steps)
+    )
+    for side in ("a", "b"):
+        d[side]["paths"] = [shown_text(str(p)) for p in d[side]["paths"]]
+        d[side]["notes"] = [shown_text(n) for n in d[side]["notes"]]
+    return d
+
+
 def _timeline(trace: Trace, st: stats.Steps | None, base: int) -> dict[str, Any]:
     """What the timeline loads first: the whole trace when the UI can hold it, else a window (the
     first steps, or the first spans) that it can."""

@@ -2,6 +2,7 @@
 // header, and renders each view into its section. The views talk to the timeline through a bus.
 
 import * as collectives from "./collectives.js";
+import * as compare from "./compare.js";
 import * as heatmap from "./heatmap.js";
 import * as stats from "./stats.js";
 import * as timeline from "./timeline.js";
@@ -44,6 +45,7 @@ function tabs(doc) {
     ["collectives", "Collectives"],
     ["stats", "Span statistics"],
   ];
+  if (doc.compare) views.push(["compare", "Compare"]);
   const bar = document.getElementById("tabs");
   const buttons = views.map(([id, label]) =>
     el("button", { type: "button", role: "tab", id: `tab-${id}`, "aria-controls": id, "data-testid": `tab-${id}`, text: label, onclick: () => show(id) }),
@@ -80,6 +82,7 @@ async function main() {
   heatmap.render(doc, document.getElementById("heatmap"), bus);
   stats.render(doc, document.getElementById("stats"), bus);
   collectives.render(doc, document.getElementById("collectives"), bus);
+  if (doc.compare) compare.render(doc, document.getElementById("compare"), bus);
   document.body.dataset.ready = "1";
   window.gputraceReadyMs = performance.now();
   timeline.render(doc, document.getElementById("timeline"), bus);
