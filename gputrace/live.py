@@ -250,11 +250,12 @@ def _of_step(s: OpenState) -> str:
     return f" of {s.step_name} {s.step}" if s.step is not None else ""
 
 
-def _where(s: OpenState, now_ns: int) -> str:
+def _where(s: OpenState, now_ns: int, step: int | None = None) -> str:
     if not s.stack:
         return "in no span" + (" (finished)" if s.finished else "")
     inner = s.stack[-1]
-    text = f"in {inner.name}{_of_step(s)} since {_clock(inner.since_ns)} ({_age(inner.since_ns, now_ns)})"
+    of_step = _of_step(s) if s.step != step or step is None else ""
+    text = f"in {inner.name}{of_step} since {_clock(inner.since_ns)} ({_age(inner.since_ns, now_ns)})"
     if s.device is not None and s.device.get("name") != inner.name:
         text += f", its GPU in {s.device['name']}"
     return text
@@ -307,9 +308,12 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
         if others:
             blockers = [r for r, s in others.items() if not (s.finished and not s.stack)]
             gone = [r for r, s in others.items() if s.finished and not s.stack]
-            text = f"{_ranks(list(in_coll))} wait in {name}{of_step} (collective #{ordinal})"
+            step = next(iter(in_coll.values())).step if of_step else None
+            text = f"{_ranks(list(in_coll))} wait in {name}{of_step}"
             if blockers:
-                text += " for " + "; ".join(f"{_ranks([r])}, which is {_where(others[r], now)}" for r in blockers)
+                text += " for " + "; ".join(
+                    f"{_ranks([r])}, which is {_where(others[r], now, step)}" for r in blockers
+                )
             if gone:
                 text += f"; {_ranks(gone)} finished"
             lines.append(text)
@@ -322,6 +326,34 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
     for r, s in others.items():
         lines.append(f"{_ranks([r])} is {_where(s, now)}")
     return lines
+
+
+def text(states: dict[int, OpenState], now_ns: int | None = None) -> str:
+    """The `open` section of the text summary: the verdict, then one line per rank; empty for a
+    clean run (every rank finished with nothing open)."""
+    lines = verdict(states, now_ns)
+    if not lines:
+        return ""
+    now = time.time_ns() if now_ns is None else now_ns
+    written = [s.written_ns for s in states.values()]
+    out = [f"open: where each rank is (its open file, written {_clock(min(written))}-{_clock(max(written))})"]
+    out += [f"  {line}" for line in lines]
+    for r, s in states.items():
+        stack = " > ".join(sp.name for sp in s.stack) or "-"
+        since = f"  since {_clock(s.stack[-1].since_ns)} ({_age(s.stack[-1].since_ns, now)})" if s.stack else ""
+        gpu = f"  gpu: {s.device['name']}" if s.device else ""
+        step = f"{s.step_name} {s.step}" if s.step is not None else "no step"
+        state = "  (finished)" if s.finished else ""
+        out.append(f"  rank {r:<4} {step:<12} {stack}{since}{gpu}{state}")
+    return "\n".join(out)
+
+
+def add_to_json(doc: dict[str, Any], states: dict[int, OpenState], now_ns: int | None = None) -> dict[str, Any]:
+    """`doc` (a summary's JSON) with `open` (rank -> where it is) and `open_verdict` (lines)."""
+    if states:
+        doc["open"] = as_json(states)
+        doc["open_verdict"] = verdict(states, now_ns)
+    return doc
 
 
 # ---- writing -------------------------------------------------------------------------------------
