@@ -292,9 +292,12 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
             later = sorted(r for o, ns in by_ordinal.items() if o != first for rs in ns.values() for r in rs)
             if later:
                 parts.append(f"{_ranks(later)} already past it, in a later collective")
+            at = [states[r] for rs in names.values() for r in rs]
+            steps = {s.step for s in at}
+            of_step = f" (in {at[0].step_name} {at[0].step})" if len(steps) == 1 and None not in steps else ""
             lines.append(
                 f"desync: ranks sit in different collectives; the first where they disagree is collective "
-                f"#{first}{label}: {'; '.join(parts)}"
+                f"#{first}{label}{of_step}: {'; '.join(parts)}"
             )
     if desync:
         return lines
@@ -311,9 +314,7 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
             step = next(iter(in_coll.values())).step if of_step else None
             text = f"{_ranks(list(in_coll))} wait in {name}{of_step}"
             if blockers:
-                text += " for " + "; ".join(
-                    f"{_ranks([r])}, which is {_where(others[r], now, step)}" for r in blockers
-                )
+                text += " for " + "; ".join(f"{_ranks([r])}, which is {_where(others[r], now, step)}" for r in blockers)
             if gone:
                 text += f"; {_ranks(gone)} finished"
             lines.append(text)
