@@ -5,6 +5,7 @@ written when its process is killed mid-rewrite; the GPU position on a CUDA devic
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -103,38 +104,122 @@ def check_hang_verdict(doc: dict[str, Any]) -> None:
     assert o["2"]["since_ns"] <= time.time_ns() and o["2"]["device"] is None  # gloo on the CPU: no GPU
 
 
-def test_a_hung_job_read_while_it_hangs_and_after_sigkill(job: Callable[..., Job], tmp_path: Path) -> None:
-    j = job("hang")
-    poll(j, tmp_path, hung)
-    # While it hangs: the real CLI in a process of its own, then in this one (text on top).
-    res = subprocess.run(
-        [sys.executable, "-m", "gputrace", "summary", str(tmp_path), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr
-    check_hang_verdict(orjson.loads(res.stdout))
-    text = CliRunner().invoke(main, ["summary", str(tmp_path)])
-    assert text.exit_code == 0, text.output
-    lines = text.output.splitlines()
-    assert lines[0].startswith("open: where each rank is")
-    assert "ranks 0, 1, 3 wait in all_reduce of step 30 for rank 2, which is in data since" in lines[1]
-    assert "name" in text.output and "all_reduce" in text.output  # the statistics follow below
+@dataclasses.dataclass
+class HungRun:
+    out: Path
+    while_hung_json: dict[str, Any]  # `gputrace summary --json` in a process of its own, while hung
+    while_hung_text: str  # `gputrace summary`, through CliRunner, while hung
+    report: Path  # `gputrace view --export`, after SIGKILL
 
-    # A watchdog's kill: nothing runs at exit, the files stay as the last rewrite left them.
-    j.kill()
-    check_hang_verdict(summary_json(tmp_path))
-    # The open files sit beside traces that merge and view still read as before.
-    merged = tmp_path / "merged.json"
-    res2 = CliRunner().invoke(main, ["merge", str(tmp_path), "-o", str(merged), "-q"])
-    assert res2.exit_code == 0, res2.output
-    report = tmp_path / "report.html"
-    res3 = CliRunner().invoke(main, ["view", str(tmp_path), "--export", str(report)])
+
+@pytest.fixture(scope="module")
+def hung_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HungRun]:
+    """4 gloo ranks, rank 2 stuck for good in `data` of step 30, read while hung (the real CLI,
+    in a subprocess and through CliRunner), then SIGKILLed as a watchdog would."""
+    out = tmp_path_factory.mktemp("hung")
+    j = Job(out, "hang")
+    try:
+        poll(j, out, hung)
+        res = subprocess.run(
+            [sys.executable, "-m", "gputrace", "summary", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        text = CliRunner().invoke(main, ["summary", str(out)])
+        assert text.exit_code == 0, text.output
+        j.check_alive()  # still hung while it was read
+    finally:
+        j.kill()  # nothing runs at exit: the files stay as the last rewrite left them
+    report = out / "report.html"
+    res3 = CliRunner().invoke(main, ["view", str(out), "--export", str(report)])
     assert res3.exit_code == 0, res3.output
-    assert b"which is in data since" in report.read_bytes()
+    yield HungRun(out, orjson.loads(res.stdout), text.output, report)
+
+
+def test_a_hung_job_read_while_it_hangs(hung_run: HungRun) -> None:
+    check_hang_verdict(hung_run.while_hung_json)
+    lines = hung_run.while_hung_text.splitlines()
+    assert lines[0].startswith("open: where each rank is")  # on top
+    assert "ranks 0, 1, 3 wait in all_reduce of step 30 for rank 2, which is in data since" in lines[1]
+    assert any(line.split()[:2] == ["name", "count"] for line in lines)  # the statistics follow
+
+
+def test_a_hung_job_read_after_sigkill(hung_run: HungRun, tmp_path: Path) -> None:
+    check_hang_verdict(summary_json(hung_run.out))
+    # The open files sit beside traces that merge and view still read as before.
+    res = CliRunner().invoke(main, ["merge", str(hung_run.out), "-o", str(tmp_path / "merged.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert b"which is in data since" in hung_run.report.read_bytes()
+
+
+@pytest.mark.browser
+def test_the_page_shows_where_each_rank_is(hung_run: HungRun) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from .perfetto_ui import ARGS, CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(hung_run.report.as_uri())
+            page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+            assert page.is_visible("[data-testid=open-view]")
+            verdict = page.inner_text("[data-testid=open-verdict]")
+            assert "ranks 0, 1, 3 wait in all_reduce of step 30 for rank 2, which is in data since" in verdict
+            assert page.inner_text("[data-testid=open-rank-2]").split("\t")[:3] == ["2", "30", "step › data"]
+            assert errors == []
+        finally:
+            browser.close()
+
+
+BEFORE_FIRST_FLUSH = """
+import sys, time, gputrace
+gputrace.enable(out_dir=sys.argv[1], cuda=False, open_every_s=0.05)
+with gputrace.span("step"):
+    with gputrace.span("load checkpoint"):
+        print("in", flush=True)
+        time.sleep(600)
+"""
+
+
+def test_a_rank_stuck_before_its_first_flush(tmp_path: Path) -> None:
+    """No trace on disk yet: the open file is all there is, and the summary says so."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    p = subprocess.Popen(
+        [sys.executable, "-c", BEFORE_FIRST_FLUSH, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "in\n"
+        deadline = time.monotonic() + 60
+        while not os.path.exists(live.open_path(str(tmp_path), 0)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    res = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "rank 0 is in load checkpoint of step 0 since" in res.output
+    assert "no summary:" in res.output and "no trace_rank" in res.output
+    doc = summary_json(tmp_path)
+    assert doc["open"]["0"]["stack"] == ["step", "load checkpoint"]
+
+
+def test_a_damaged_open_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "open_rank0.open").write_bytes(b'{"gputrace_open": 1, "rank": 0, "stack": [')
+    res = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and "open_rank0.open" in res.output and "not an open file" in res.output
 
 
 def test_a_desynced_job_names_the_first_collective_where_ranks_disagree(
