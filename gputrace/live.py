@@ -468,6 +468,7 @@ class OpenWatcher:
         self._store_counts = Counts()
         self._pending_seen: tuple[Any, int, Any, Counts] | None = None
         self._kinds: _Kinds | None = None
+        self._counts_written: dict[str, Any] = {"steps": 0, "collectives": {}}
         self._seen: dict[int, tuple[Any, int]] = {}  # id(span) -> (span, first seen epoch ns)
         self._last: bytes | None = None
         self._write_lock = threading.Lock()
@@ -515,11 +516,23 @@ class OpenWatcher:
     def write(self, finished: bool = False) -> bool:
         """Look, and rewrite the file when what it says changed. False: the locks were busy."""
         with self._write_lock:
-            snap = self._snapshot()
-            if snap is None:
-                return False
-            self._yield()
-            doc = self._document(*snap)
+            if finished and not any(list(self.rec._stacks)):
+                # A clean end: nothing open, nothing to count (a save pays for no counting).
+                doc = {
+                    "step_name": self.session.config.step_name,
+                    "step": None,
+                    "stack": [],
+                    "device": None,
+                    "collective": None,
+                    "counts": self._counts_written,
+                }
+            else:
+                snap = self._snapshot()
+                if snap is None:
+                    return False
+                self._yield()
+                doc = self._document(*snap)
+                self._counts_written = doc["counts"]
             body = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
             self.ticks += 1
             # Unchanged: not written again. A finished file stays finished until what is open
