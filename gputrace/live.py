@@ -26,12 +26,14 @@ The file (version 1)::
 
 `stack` is every open span of the rank, outermost first (its threads' host and device stacks
 merged by open time). `since_ns` of a host span is its start; of a CUDA span, its host entry
-when the recorder keeps one, else when this thread first saw it open (within one period). A
-collective is a span marked `collective=True`, or one named like a collective
-(`stats.WAIT_NAMES`) and not marked `collective=False`; its `group` is its `group` argument ("" by
-default) and its ordinal counts the collectives of that group this rank opened before it, from 0
-(Flight Recorder's sequence number): ranks at the same ordinal of a group are in the same
-collective. `device` is where the GPU is: the innermost CUDA span whose start event has
+when the recorder keeps one, else the watcher's look before the one that first saw it open (at
+most one period early; so it sorts outside the host spans opened meanwhile). The GPU's position
+is dated the same way. A collective is a span marked `collective=True`, or one named like a
+collective (`stats.WAIT_NAMES`) and not marked `collective=False`; its `group` is its `group`
+argument ("" by default). Its ordinal counts the collectives of that group this rank opened
+before it, from 0 (Flight Recorder's sequence number): ranks at the same ordinal of a group are
+in the same collective. Resolved and pending spans are counted by name (at C speed), a name
+deciding by its first span seen: a name is a collective, or not, for all its spans. `device` is where the GPU is: the innermost CUDA span whose start event has
 completed and whose end event has not (asked with `query()`, safe from another thread; a span
 resolved and its event recorded again between two reads can mislead one rewrite). `finished`:
 the trace was finished (a save); its stack is what was open then (empty for a clean run, the
@@ -56,6 +58,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -64,7 +67,7 @@ from typing import Any
 import orjson
 
 from gputrace.dist import rank_info
-from gputrace.errors import GputraceError, TraceFormatError
+from gputrace.errors import GputraceError, GputraceWarning, TraceFormatError
 from gputrace.stats import WAIT_NAMES
 from gputrace.trace.files import atomic_writer
 
@@ -130,6 +133,7 @@ class OpenState:
     collective: dict[str, Any] | None
     hostname: str
     pid: int
+    run_id: str | None = None
 
 
 def read(path: str) -> OpenState:
@@ -170,6 +174,7 @@ def read(path: str) -> OpenState:
             collective,
             str(doc.get("hostname", "")),
             _int(doc.get("pid", 0)),
+            None if doc.get("run_id") is None else str(doc["run_id"]),
         )
     except (KeyError, TypeError, ValueError) as e:
         reason = f"missing field {e}" if isinstance(e, KeyError) else str(e)
@@ -208,11 +213,23 @@ def find(paths: Iterable[str]) -> list[str]:
 
 def read_all(paths: Iterable[str]) -> dict[int, OpenState]:
     """rank -> its open state, from the open files among and beside `paths` (empty when none)."""
+    states = [read(f) for f in find(paths)]
+    # A folder that held an earlier run: the files of the newest run only (by run id).
+    newest = max(states, key=lambda x: x.written_ns, default=None)
+    if newest is not None and newest.run_id is not None:
+        stale = [x for x in states if x.run_id is not None and x.run_id != newest.run_id]
+        if stale:
+            warnings.warn(
+                f"left out {len(stale)} open file(s) of another run than the newest ({newest.run_id}): "
+                f"{', '.join(x.path for x in stale[:3])}{', ...' if len(stale) > 3 else ''}",
+                GputraceWarning,
+                stacklevel=2,
+            )
+            states = [x for x in states if x not in stale]
     out: dict[int, OpenState] = {}
-    for f in find(paths):
-        s = read(f)
+    for s in states:
         if s.rank in out:
-            raise GputraceError(f"two open files of rank {s.rank}: {out[s.rank].path} and {f}")
+            raise GputraceError(f"two open files of rank {s.rank}: {out[s.rank].path} and {s.path}")
         out[s.rank] = s
     return dict(sorted(out.items()))
 
@@ -469,7 +486,8 @@ class OpenWatcher:
         self._pending_seen: tuple[Any, int, Any, Counts] | None = None
         self._kinds: _Kinds | None = None
         self._counts_written: dict[str, Any] = {"steps": 0, "collectives": {}}
-        self._seen: dict[int, tuple[Any, int]] = {}  # id(span) -> (span, first seen epoch ns)
+        self._last_look_ns = rec.clock.now()  # spans first seen open at a look opened after it
+        self._seen: dict[Any, tuple[Any, int]] = {}  # id(span) -> (span, first seen epoch ns)
         self._last: bytes | None = None
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
@@ -701,7 +719,7 @@ class OpenWatcher:
         rec = self.rec
         now = rec.clock.now()
         step_name = self.session.config.step_name
-        seen: dict[int, tuple[Any, int]] = {}
+        old, seen = self._seen, {}
         opened: list[tuple[int, int, int, Any, Any]] = []  # (since, stack order, depth, span, stack)
         for order, (st, spans) in enumerate(stacks):
             for depth, s in enumerate(spans):
@@ -712,11 +730,15 @@ class OpenWatcher:
                     if isinstance(entry, int):
                         since = rec.clock.to_epoch(entry)
                     else:
-                        prev = self._seen.get(id(s))
-                        since = prev[1] if prev is not None and prev[0] is s else now
+                        # Opened since the last look (no host entry time is kept): the earliest it
+                        # can have opened, so that it sorts outside the host spans opened meanwhile.
+                        prev = old.get(id(s))
+                        since = prev[1] if prev is not None and prev[0] is s else self._last_look_ns
                     seen[id(s)] = (s, since)
                 opened.append((since, order, depth, s, st))
         self._seen = seen
+        last_look, self._last_look_ns = self._last_look_ns, now
+        device = self._device(pending, stacks, old, last_look)
         opened.sort(key=lambda t: (t[0], t[2], t[1]))
         out_stack = []
         step_ord: int | None = None
@@ -738,12 +760,14 @@ class OpenWatcher:
             "step_name": step_name,
             "step": step_ord,
             "stack": out_stack,
-            "device": self._device(pending, stacks, now),
+            "device": device,
             "collective": coll,
             "counts": {"steps": counts.steps, "collectives": dict(counts.groups)},
         }
 
-    def _device(self, pending: list[Any], stacks: list[tuple[Any, list[Any]]], now: int) -> dict[str, Any] | None:
+    def _device(
+        self, pending: list[Any], stacks: list[tuple[Any, list[Any]]], old: dict[Any, Any], last_look: int
+    ) -> dict[str, Any] | None:
         """The innermost CUDA span the GPU is inside: its start event done, its end not."""
         device = self.rec.device
         if device is None:
@@ -787,9 +811,10 @@ class OpenWatcher:
         if best is None:
             return None
         _, s, st = best
-        prev = self._seen.get(id(s))
-        since = prev[1] if prev is not None and prev[0] is s else now
-        self._seen[id(s)] = (s, since)
+        key = ("device", id(s))
+        prev = old.get(key)
+        since = prev[1] if prev is not None and prev[0] is s else last_look
+        self._seen[key] = (s, since)
         return {"name": s.name, "track": st.track.name, "since_ns": since}
 
 

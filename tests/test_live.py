@@ -301,7 +301,7 @@ def test_the_open_file_is_never_half_written_when_killed_mid_rewrite(tmp_path: P
 @pytest.mark.cuda
 def test_where_the_gpu_is(tmp_path: Path) -> None:
     """A long kernel inside `kernel` (itself inside `outer`): the host has left both spans and
-    waits in a host span of its own; the open file says the GPU is in `kernel`."""
+    polls in a host span of its own; the open file says the GPU is in `kernel`."""
     import torch
 
     import gputrace
@@ -313,7 +313,7 @@ def test_where_the_gpu_is(tmp_path: Path) -> None:
         with gputrace.span("outer"):
             with gputrace.span("kernel"):
                 torch.cuda._sleep(4_000_000_000)  # a few seconds of one spinning kernel
-        with gputrace.span("host wait", cuda=False):
+        with gputrace.span("poll", timer_type=gputrace.TimerType.CPU):
             deadline = time.monotonic() + 30
             state = None
             while time.monotonic() < deadline:
@@ -323,10 +323,89 @@ def test_where_the_gpu_is(tmp_path: Path) -> None:
                     break
             assert state is not None and state.device is not None, "the open file never showed the GPU"
             assert state.device["name"] == "kernel" and state.device["track"].startswith("cuda:")
-            assert [sp.name for sp in state.stack] == ["host wait"]
+            assert [sp.name for sp in state.stack] == ["poll"]
             torch.cuda.synchronize()
         gputrace.save()
         final = live.read(live.open_path(str(tmp_path), 0))
         assert final.finished and final.stack == () and final.device is None
     finally:
         SESSION.close()
+
+
+def test_the_ordinals_count_every_span_once_wherever_it_is(tmp_path: Path) -> None:
+    """Steps and collectives counted across the streamed (taken), resolved (store) and pending
+    spans, looked at between every kind of flush: the ordinals are those of the open spans."""
+    import gputrace
+    from gputrace.session import SESSION
+
+    from .conftest import install
+
+    install(None, out_dir=str(tmp_path), cuda=False, open_every_s=1000.0)  # looks made here
+    w = SESSION.watcher
+    assert w is not None
+    path = live.open_path(str(tmp_path), 0)
+    span = gputrace.span
+    for step in range(12):
+        with span("step", step=step):
+            with span("all_reduce"):  # a collective by its name, group ""
+                pass
+            with span("send", collective=True, group="pp"):  # marked, group "pp"
+                pass
+            with span("barrier_wait", collective=False):  # unmarked: not one, whatever its name
+                pass
+            with span("all_gather"):
+                with span("look"):
+                    assert w.write()
+                    s = live.read(path)
+                    assert s.step == step and [x.name for x in s.stack] == ["step", "all_gather", "look"]
+                    assert s.collective == {"name": "all_gather", "group": "", "ordinal": 2 * step + 1,
+                                            "since_ns": s.stack[1].since_ns}  # fmt: skip
+                    assert s.stack[1].collective == 2 * step + 1
+        if step % 3 == 0:
+            gputrace.flush()  # streamed: taken from the store
+        elif step % 3 == 1:
+            SESSION.recorder.flush()  # type: ignore[union-attr]  # resolved into the store, not taken
+        # else: left pending
+    with span("step"):
+        with span("send", collective=True, group="pp"):
+            assert w.write()
+            s = live.read(path)
+            assert s.step == 12 and s.collective is not None
+            assert (s.collective["group"], s.collective["ordinal"]) == ("pp", 12)
+    gputrace.save()
+    s = live.read(path)
+    assert s.finished and s.stack == () and s.step is None
+
+
+def test_where_the_gpu_is_on_a_fake_device(tmp_path: Path) -> None:
+    """The device position on the CPU (tests/fakes.py's GPU): a kernel the host has left behind
+    is where the GPU is until its end event runs, then the span around it that is still open."""
+    import gputrace
+    from gputrace.session import SESSION
+
+    from .conftest import install
+    from .fakes import FakeDevice
+
+    fake = FakeDevice()
+    install(fake, out_dir=str(tmp_path), open_every_s=1000.0)
+    w = SESSION.watcher
+    assert w is not None
+    path = live.open_path(str(tmp_path), 0)
+    with gputrace.span("step"):
+        with gputrace.span("outer"):
+            with gputrace.span("kernel"):
+                fake.work(5_000_000)  # 5 ms of kernel queued
+        fake.advance(1_000_000)  # 1 ms in: the GPU is inside the kernel, the host has moved on
+        with gputrace.span("poll", timer_type=gputrace.TimerType.CPU):
+            assert w.write()
+            s = live.read(path)
+            assert s.device is not None and s.device["name"] == "kernel"
+            assert s.device["track"].startswith("cuda:0")
+            assert [x.name for x in s.stack] == ["step", "poll"]  # CUDA step outside the host span
+            fake.advance(10_000_000)  # the kernel and the end of outer have run
+            assert w.write()
+            s = live.read(path)
+            assert s.device is not None and s.device["name"] == "step"
+    gputrace.flush()
+    assert w.write()
+    assert live.read(path).device is None  # nothing open, nothing in flight
