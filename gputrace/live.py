@@ -33,8 +33,9 @@ collective (`stats.WAIT_NAMES`) and not marked `collective=False`; its `group` i
 argument ("" by default). Its ordinal counts the collectives of that group this rank opened
 before it, from 0 (Flight Recorder's sequence number): ranks at the same ordinal of a group are
 in the same collective. Resolved and pending spans are counted by name (at C speed), a name
-deciding by its first span seen: a name is a collective, or not, for all its spans. `device` is where the GPU is: the innermost CUDA span whose start event has
-completed and whose end event has not (asked with `query()`, safe from another thread; a span
+deciding by its first span seen: a name is a collective, or not, for all its spans.
+`device` is where the GPU is: the innermost CUDA span whose start event has completed and whose
+end event has not (asked with `query()`, safe from another thread; a span
 resolved and its event recorded again between two reads can mislead one rewrite). `finished`:
 the trace was finished (a save); its stack is what was open then (empty for a clean run, the
 hung spans for a run ended by SIGTERM).
@@ -78,10 +79,10 @@ RANK_GLOB = "open_rank*.open"
 PERIOD_S = 1.0
 #: Device events asked per stream per look (a host far ahead of its GPU leaves many in flight).
 MAX_QUERIES = 64
-_SLICE = 8192  # pending spans counted between two yields of the interpreter
+_SLICE = 4096  # pending spans counted between two yields of the interpreter
 _RECENT = 1024  # pending spans, the last closed, looked at for where the GPU is
-_ROWS = 8192  # resolved rows counted between two yields
-_STORES = 64  # stores a flush took, counted between two yields
+_ROWS = 4096  # resolved rows counted between two yields
+_STORES = 32  # stores a flush took, counted between two yields
 
 
 def open_path(directory: str, rank: int) -> str:
@@ -660,11 +661,14 @@ class OpenWatcher:
                     continue
                 part_ids.append(t_ids[k0:] if k0 else t_ids)
                 part_args.append(t_args[k0:] if k0 else t_args)
-            ids = array("l")
-            ids.frombytes(b"".join(map(array.tobytes, part_ids)))
-            self._count_rows(self._total, names, ids, list(itertools.chain.from_iterable(part_args)), 0, step)
+            if part_ids:
+                ids = array("l")
+                ids.frombytes(b"".join(map(array.tobytes, part_ids)))
+                self._count_rows(self._total, names, ids, list(itertools.chain.from_iterable(part_args)), 0, step)
+                del ids
+                self._yield()
             # Freed here, a batch at a time, not all at once as the look ends.
-            del batch, part_ids, part_args, ids, t_ids, t_args
+            del batch, part_ids, part_args, t_ids, t_args
             self._yield()
         if not same:
             self._store_counts = Counts()
