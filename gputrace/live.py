@@ -135,6 +135,7 @@ class OpenState:
     hostname: str
     pid: int
     run_id: str | None = None
+    world_size: int | None = None
 
 
 def read(path: str) -> OpenState:
@@ -176,6 +177,7 @@ def read(path: str) -> OpenState:
             str(doc.get("hostname", "")),
             _int(doc.get("pid", 0)),
             None if doc.get("run_id") is None else str(doc["run_id"]),
+            _opt_int(doc.get("world_size")),
         )
     except (KeyError, TypeError, ValueError) as e:
         reason = f"missing field {e}" if isinstance(e, KeyError) else str(e)
@@ -298,6 +300,16 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
     now = time.time_ns() if now_ns is None else now_ns
     if all(s.finished and not s.stack for s in states.values()):
         return []
+    lines = _where_they_are(states, now)
+    worlds = {s.world_size for s in states.values()} - {None}
+    if len(worlds) == 1:
+        missing = sorted(set(range(worlds.pop() or 0)) - set(states))
+        if missing:
+            lines.append(f"no open file from {_ranks(missing)}: not streaming, or it never started recording")
+    return lines
+
+
+def _where_they_are(states: dict[int, OpenState], now: int) -> list[str]:
     lines: list[str] = []
     in_coll = {r: s for r, s in states.items() if s.collective is not None}
     others = {r: s for r, s in states.items() if s.collective is None}
