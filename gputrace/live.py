@@ -518,7 +518,10 @@ class OpenWatcher:
         self.thread.start()
 
     def stop(self) -> None:
+        """No more looks; a rewrite under way ends first (no temporary file is left behind)."""
         self._stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
 
     def _run(self) -> None:
         period = self.period_s
