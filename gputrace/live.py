@@ -543,7 +543,10 @@ class OpenWatcher:
         """The trace was finished: the file says so, with what was open then (the training thread
         holds the recorder's lock or none; it is re-entrant)."""
         try:
-            self.write(finished=True)
+            for _ in range(50):  # another thread's resolve holds the recorder's lock: briefly
+                if self.write(finished=True):
+                    break
+                time.sleep(0.002)
         except Exception:  # noqa: BLE001 - the trace is what counts
             pass
 
