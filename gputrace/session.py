@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gputrace import record
+from gputrace import live, record
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.digest import StreamDigest, TraceDigest
@@ -86,6 +86,7 @@ class Session:
         self._deferred: tuple[int, Any] | None = None
         self.unwritten = 0  # spans the stream's file could not take (a full disk), dropped
         self._told_unwritable = False
+        self.watcher: live.OpenWatcher | None = None  # keeps the open file while streaming
 
     # ---- on and off --------------------------------------------------------------------------
 
@@ -165,6 +166,7 @@ class Session:
                     self.run_id = _run_id_from_env(self.config)
             self.state.lazy = None
             record.set_recorder(rec, rec)
+            self._watch(rec)
             return rec
 
     def install(self, rec: Recorder) -> None:
@@ -174,6 +176,18 @@ class Session:
             self.started_ns = rec.clock.now()
             self._skeleton = None
             record.set_recorder(rec, rec)
+            self._watch(rec)
+
+    def _watch(self, rec: Recorder) -> live.OpenWatcher | None:
+        """The open file's thread, while streaming (an output directory set): see `gputrace.live`."""
+        w = self.watcher
+        if w is not None and w.rec is not rec:
+            w.stop()
+            w = self.watcher = None
+        if w is None and self.config.out_dir and self.config.open_every_s > 0:
+            w = self.watcher = live.OpenWatcher(self, rec, self.config.open_every_s)
+            w.start()
+        return w
 
     # ---- flush, stream, save -----------------------------------------------------------------
 
@@ -340,6 +354,11 @@ class Session:
         # The sinks every flush feeds, in this order: the digest is written once its trace is.
         step = self.config.step_name
         self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
+        watcher = self._watch(rec)
+        if watcher is not None:
+            with rec._lock:
+                watcher.restart()  # a new stream: its ordinals start again
+            self.sinks.append(live.OpenSink(watcher))
         self._install_signal_handlers()
         return self.stream
 
@@ -362,10 +381,11 @@ class Session:
             try:
                 stream = self._resume(rec)
             except (OSError, GputraceError) as e:
-                self._unwritable(rec, self.stream, e, len(rec.take_resolved()))
+                self._unwritable(rec, self.stream, e, len(self._take(rec)))
                 return
         # The rows leave the recorder's store in one step: other threads go on resolving into it.
-        store = rec.take_resolved()
+        # The open file's watcher counts them as they leave (its ordinals), under the same lock.
+        store = self._take(rec)
         trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
@@ -385,6 +405,17 @@ class Session:
         for sink in self.sinks[1:]:
             sink.add(trace, update)
         self.counters = CounterColumns()
+
+    def _take(self, rec: Recorder) -> SpanStore:
+        """The resolved rows, out of the recorder's store (`Recorder.take_resolved`); the open
+        file's watcher counts them as they leave (its ordinals), under the same lock."""
+        watcher = self.watcher
+        if watcher is None:
+            return rec.take_resolved()
+        with rec._lock:
+            store = rec.take_resolved()
+            watcher.count_taken(store)
+        return store
 
     def _unwritable(self, rec: Recorder, stream: Any, error: BaseException, spans: int) -> None:
         """The stream's file cannot take this flush's spans (the disk is full, the file past its
@@ -576,6 +607,8 @@ class Session:
         needs)."""
         for sink in self.sinks:
             sink.abandon()
+        if self.watcher is not None:
+            self.watcher.stop()
         for sig, previous in self._previous.items():
             try:
                 signal.signal(sig, previous)

@@ -157,7 +157,11 @@ def digest_summary(paths: list[str], skip: int = 0) -> stats.Summary:
 
 def test_a_recording_writes_its_digest_beside_its_trace(job: Path) -> None:
     files = sorted(os.listdir(job))
-    assert files == [f"digest_rank{r}.digest" for r in range(WORLD)] + [f"trace_rank{r}.json" for r in range(WORLD)]
+    assert files == (
+        [f"digest_rank{r}.digest" for r in range(WORLD)]
+        + [f"open_rank{r}.open" for r in range(WORLD)]  # what each rank has open (gputrace.live)
+        + [f"trace_rank{r}.json" for r in range(WORLD)]
+    )
     doc = orjson.loads((job / "digest_rank0.digest").read_bytes())
     assert doc["format"] == digestfile.FORMAT and doc["rank"] == 0 and doc["world_size"] == WORLD
     assert doc["run_id"] == "digest-test" and doc["step_name"] == "step"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import gputrace
-from gputrace import digest, record, session
+from gputrace import digest, live, record, session
 from gputrace.sinks import Sink, StreamSink
 from gputrace.state import State
 from gputrace.trace import chrome
@@ -90,7 +90,7 @@ def test_the_stream_and_its_digest_are_fed_as_sinks(tmp_path: Path) -> None:
         pass
     gputrace.flush()
     sinks = session.SESSION.sinks
-    assert [type(x) for x in sinks] == [StreamSink, digest.StreamDigest]
+    assert [type(x) for x in sinks] == [StreamSink, digest.StreamDigest, live.OpenSink]
     toy = ToySink()
     sinks.append(toy)
     checked: Sink = toy  # the protocol, as the type checker sees it
