@@ -214,22 +214,31 @@ def _summary_text(
 ) -> str:
     import orjson
 
-    from gputrace import stats
+    from gputrace import live, stats
     from gputrace.summary import summary_of_files
 
     sel = selection or Selection()
-    result = summary_of_files(
-        paths,
-        sel.step,
-        sel.skip_steps,
-        allow_mixed=sel.allow_mixed,
-        full=full,
-        ranks=sel.ranks,
-        steps=sel.steps,
-    )
+    opened = live.read_all(paths)  # a live or killed run: where each rank is, on top
+    try:
+        result = summary_of_files(
+            paths,
+            sel.step,
+            sel.skip_steps,
+            allow_mixed=sel.allow_mixed,
+            full=full,
+            ranks=sel.ranks,
+            steps=sel.steps,
+        )
+    except GputraceError as e:
+        if not opened:
+            raise
+        # Hung before its first flush: the open files are all there is.
+        if as_json:
+            return orjson.dumps(live.add_to_json({"notes": [str(e)]}, opened)).decode()
+        return "\n".join(x for x in (live.text(opened), f"no summary: {e}") if x)
     if as_json:
-        return orjson.dumps(stats.to_json(result)).decode()
-    return stats.table(result, by_rank=by_rank)
+        return orjson.dumps(live.add_to_json(stats.to_json(result), opened)).decode()
+    return "\n\n".join(x for x in (live.text(opened), stats.table(result, by_rank=by_rank)) if x)
 
 
 @main.command()
@@ -447,6 +456,7 @@ def view(
         doc = data.document(
             trace, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
         )
+    doc["open"] = data.open_section(paths)  # a live or killed run: where each rank is
     if export:
         write_atomic(export, report.html(doc))
         click.echo(f"wrote {export}")

@@ -55,6 +55,13 @@ class Config:
         default="step",
         metadata={"help": "the span that marks one training step, for the step digest written beside the trace"},
     )
+    open_every_s: float = dataclasses.field(
+        default=1.0,
+        metadata={
+            "help": "while streaming, rewrite open_rank{R}.open (what each rank has open now) at most this often, "
+            "in seconds; 0 turns it off"
+        },
+    )
     rank: int | None = dataclasses.field(
         default=None,
         metadata={"help": "rank of this process, when neither torch.distributed nor RANK gives it"},
@@ -127,6 +134,14 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
         if number < 0 or (name != "rank" and number == 0):
             raise ConfigError(f"option {name}={value!r}: expected a positive integer")
         return number
+    if type_name.startswith("float"):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"option {name}={value!r}: expected a number") from None
+        if not seconds >= 0 or seconds == float("inf"):
+            raise ConfigError(f"option {name}={value!r}: expected a number of seconds, 0 or more")
+        return seconds
     if name == "format":
         fmt = str(value).strip().lower()
         if fmt not in registry.names():

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from gputrace import record
+from gputrace import live, record
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.digest import StreamDigest, TraceDigest
@@ -88,6 +88,7 @@ class Session:
         self.unwritten = 0  # spans the stream's file could not take (a full disk), dropped
         self._told_unwritable = False
         self.reporter: Reporter | None = None  # the straggler report, with report_every
+        self.watcher: live.OpenWatcher | None = None  # keeps the open file while streaming
 
     # ---- on and off --------------------------------------------------------------------------
 
@@ -177,6 +178,7 @@ class Session:
                     self.run_id = _run_id_from_env(self.config)
             self.state.lazy = None
             record.set_recorder(rec, rec)
+            self._watch(rec)
             return rec
 
     def install(self, rec: Recorder) -> None:
@@ -186,6 +188,18 @@ class Session:
             self.started_ns = rec.clock.now()
             self._skeleton = None
             record.set_recorder(rec, rec)
+            self._watch(rec)
+
+    def _watch(self, rec: Recorder) -> live.OpenWatcher | None:
+        """The open file's thread, while streaming (an output directory set): see `gputrace.live`."""
+        w = self.watcher
+        if w is not None and w.rec is not rec:
+            w.stop()
+            w = self.watcher = None
+        if w is None and self.config.out_dir and self.config.open_every_s > 0:
+            w = self.watcher = live.OpenWatcher(self, rec, self.config.open_every_s)
+            w.start()
+        return w
 
     # ---- flush, stream, save -----------------------------------------------------------------
 
@@ -353,6 +367,10 @@ class Session:
         # The sinks every flush feeds, in this order: the digest is written once its trace is.
         step = self.config.step_name
         self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
+        watcher = self._watch(rec)
+        if watcher is not None:
+            watcher.written = live.Counts()  # a new stream: its ordinals start again
+            self.sinks.append(live.OpenSink(watcher))
         self._install_signal_handlers()
         return self.stream
 
@@ -588,6 +606,8 @@ class Session:
         needs)."""
         for sink in self.sinks:
             sink.abandon()
+        if self.watcher is not None:
+            self.watcher.stop()
         for sig, previous in self._previous.items():
             try:
                 signal.signal(sig, previous)

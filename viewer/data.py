@@ -169,6 +169,17 @@ def from_digests(
     return doc
 
 
+def open_section(paths: Iterable[str]) -> dict[str, Any] | None:
+    """Where each rank is now, from the open files among and beside `paths` (`gputrace.live`):
+    per rank (as `summary --json`'s `open`) and the verdict in words; None when there are none."""
+    from gputrace import live
+
+    states = live.read_all(paths)
+    if not states:
+        return None
+    return {"ranks": live.as_json(states), "verdict": [shown_text(v) for v in live.verdict(states)]}
+
+
 def _timeline(trace: Trace, st: stats.Steps | None, base: int) -> dict[str, Any]:
     """What the timeline loads first: the whole trace when the UI can hold it, else a window (the
     first steps, or the first spans) that it can."""

@@ -3,6 +3,7 @@
 
 import * as collectives from "./collectives.js";
 import * as heatmap from "./heatmap.js";
+import * as openNow from "./open.js";
 import * as stats from "./stats.js";
 import * as timeline from "./timeline.js";
 import { el, fmtCount, fmtNs, makeBus } from "./util.js";
@@ -76,6 +77,7 @@ async function main() {
   for (const note of doc.notes) notes.append(el("li", { text: note }));
   document.getElementById("notes-box").hidden = doc.notes.length === 0;
   const bus = makeBus();
+  openNow.render(doc, document.getElementById("open"), bus);
   tabs(doc);
   heatmap.render(doc, document.getElementById("heatmap"), bus);
   stats.render(doc, document.getElementById("stats"), bus);
