@@ -80,8 +80,8 @@ def test_a_line_cut_short_is_left_until_it_is_whole(tmp_path: Path) -> None:
 
 
 def test_the_slowest_rank_of_each_step(tmp_path: Path) -> None:
-    """Two ranks' streams (one process plays each in turn): rank 1 works 10 ms more a step."""
-    for rank, slow in ((0, 0.0), (1, 0.01)):
+    """Two ranks' streams (one process plays each in turn): rank 1 works 100 ms more a step."""
+    for rank, slow in ((0, 0.0), (1, 0.1)):
         gputrace.enable(cuda=False, out_dir=str(tmp_path), rank=rank)
         record(tmp_path, 4, slow)
         gputrace.save()

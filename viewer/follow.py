@@ -50,7 +50,8 @@ READ_BYTES = 8 << 20
 COLLS_PER_STEP = 64
 #: A file that has not grown for this long is said to have stopped (a rank hung, or killed).
 STALE_S = 10.0
-_RANK = re.compile(rb'"rank":\s*(\d+)')
+_NAME = re.compile(rb'"name":"((?:[^"\\]|\\.)*)"')
+_NAMES = 4096
 _BASE = re.compile(rb'"baseTimeNanoseconds":\s*(\d+)')
 
 
@@ -62,6 +63,7 @@ class RankTail:
         self.rank = rank
         self.step_name = step_name
         self.window = window
+        self._kinds: dict[bytes, int] = {}
         self.offset = 0
         self.ino: int | None = None
         self.partial = b""
@@ -106,7 +108,6 @@ class RankTail:
                 self.finished = True
 
     def _lines(self, data: bytes) -> None:
-        step = self.step_name
         for line in data.splitlines():
             line = line.strip()
             if line.startswith(b"["):
@@ -125,27 +126,44 @@ class RankTail:
                 if self.base_ns is None and b'"baseTimeNanoseconds"' in line:
                     self._header(line)
                 continue
+            m = _NAME.search(line)
+            if m is None:
+                continue
+            kind = self._kinds.get(m.group(1))
+            if kind is None:
+                kind = self._kind(m.group(1))
+            marked = True if b'"collective":true' in line else False if b'"collective":false' in line else None
+            # Most spans are neither the step nor a collective: told apart without parsing them.
+            if not (kind == 1 or (marked if marked is not None else kind == 2)):
+                continue
             try:
                 ev = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a line cut short by a kill: the readers drop it too
-            try:
                 start = round(float(ev["ts"]) * 1000)
                 end = start + round(float(ev.get("dur", 0)) * 1000)
-                name = ev["name"]
-            except (KeyError, TypeError, ValueError):
-                continue
-            args = ev.get("args")
-            marked = args.get("collective") if isinstance(args, dict) else None
-            if name == step:
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a line cut short by a kill: the readers drop it too
+            if kind == 1:
                 self.steps.append((start, end))
                 self.count += 1
                 old = self.steps[0][0]
                 colls = self.colls
                 while colls and colls[0][1] < old:
                     colls.popleft()
-            elif marked if marked is not None else WAIT_NAMES.search(name) is not None:
+            else:
                 self.colls.append((start, end))
+
+    def _kind(self, raw: bytes) -> int:
+        """1: the step span's name; 2: named like a collective; 0: neither (names kept up to
+        `_NAMES`, then forgotten: names made per step must not grow this without bound)."""
+        try:
+            name = orjson.loads(b'"' + raw + b'"')
+        except orjson.JSONDecodeError:
+            return 0
+        kind = 1 if name == self.step_name else 2 if WAIT_NAMES.search(name) else 0
+        if len(self._kinds) > _NAMES:
+            self._kinds.clear()
+        self._kinds[raw] = kind
+        return kind
 
     def _header(self, line: bytes) -> None:
         m = _BASE.search(line)
