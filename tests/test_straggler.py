@@ -145,3 +145,22 @@ def test_build_says_when_ranks_disagree_and_when_no_rank_stands_out() -> None:
     assert "ranks at different steps: 0: 10, 1: 9" in rep["line"]
     rep = build([row(steps=0, step_ns=-1, busy_ns=-1, wait_ns=-1)], [0])
     assert rep["slowest"] is None and "no step resolved" in rep["line"]
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_steps_still_running_count_towards_the_report() -> None:
+    """CUDA spans: a step whose events the GPU has not reached is pending at the flush; it counts
+    towards the report's step ordinal at once, and its times join the window they resolve in."""
+    import torch
+
+    gputrace.enable(report_every=2)
+    for _ in range(4):
+        with gputrace.span("step"):
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time: still running at the flush
+        gputrace.flush()
+    rep = gputrace.last_report()
+    assert rep is not None and rep["report"] == 2 and rep["step"] == 4
+    torch.cuda.synchronize()
+    gputrace.flush()
+    r = session.SESSION.reporter
+    assert r is not None and r.resolved == 4
