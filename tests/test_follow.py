@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 import gputrace
@@ -142,3 +143,23 @@ def test_the_cli_serves_the_follow_page_as_a_real_subprocess(tmp_path: Path) -> 
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_a_long_file_followed_late_counts_its_early_steps_without_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputrace.viewer import follow
+
+    gputrace.enable(cuda=False, out_dir=str(tmp_path))
+    record(tmp_path, 40)
+    whole = Follower(str(tmp_path), window=10).snapshot()
+    monkeypatch.setattr(follow, "TAIL_BYTES", 1500)  # the last ~4 steps read, the rest counted
+    monkeypatch.setattr(follow, "READ_BYTES", 1000)  # in pieces: the needle across their seams
+    late = Follower(str(tmp_path), window=10)
+    doc = late.snapshot()
+    assert late.tails[0].offset > 0 and len(late.tails[0].steps) < 10
+    assert doc["count"] == whole["count"] == 40
+    kept = len(late.tails[0].steps)
+    assert doc["busy"]["0"][-kept:] == whole["busy"]["0"][-kept:]
+    record(tmp_path, 2)
+    assert late.snapshot()["count"] == 42
