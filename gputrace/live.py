@@ -37,10 +37,12 @@ resolved and its event recorded again between two reads can mislead one rewrite)
 the trace was finished (a save); its stack is what was open then (empty for a clean run, the
 hung spans for a run ended by SIGTERM).
 
-Cost on the training thread: the watcher takes the session's and the recorder's locks only by
-trying (never waiting; a busy tick is tried again 50 ms later), holds them while it copies lists,
-and gives up the interpreter between slices of its work, so a span or a flush waits on it for
-well under a millisecond (benchmarks/live.py measures the worst wait and the CPU per rank).
+Cost on the training thread: the watcher takes the recorder's lock only by trying (never
+waiting; a busy look is tried again 10 ms later) and holds it while it copies a few lists; a
+flush only hands it the rows it takes (a reference). It counts what it copied afterwards, in
+slices, giving the interpreter back between them, and counts a pending list that only grew
+since its last look from where it left off; so a span waits on it for well under a millisecond
+(benchmarks/live.py measures the worst wait and the CPU per rank).
 """
 
 from __future__ import annotations
@@ -48,18 +50,23 @@ from __future__ import annotations
 import dataclasses
 import glob
 import itertools
+import operator
 import os
 import socket
+import sys
 import threading
 import time
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
+from gputrace.dist import rank_info
 from gputrace.errors import GputraceError, TraceFormatError
 from gputrace.stats import WAIT_NAMES
+from gputrace.trace.files import atomic_writer
 
 VERSION = 1
 #: A rank's open file in a folder.
@@ -68,7 +75,10 @@ RANK_GLOB = "open_rank*.open"
 PERIOD_S = 1.0
 #: Device events asked per stream per look (a host far ahead of its GPU leaves many in flight).
 MAX_QUERIES = 64
-_SLICE = 2048  # pending spans classified between two yields of the interpreter
+_SLICE = 8192  # pending spans counted between two yields of the interpreter
+_RECENT = 1024  # pending spans, the last closed, looked at for where the GPU is
+_ROWS = 8192  # resolved rows counted between two yields
+_STORES = 64  # stores a flush took, counted between two yields
 
 
 def open_path(directory: str, rank: int) -> str:
@@ -292,9 +302,12 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
             later = sorted(r for o, ns in by_ordinal.items() if o != first for rs in ns.values() for r in rs)
             if later:
                 parts.append(f"{_ranks(later)} already past it, in a later collective")
+            at = [states[r] for rs in names.values() for r in rs]
+            steps = {s.step for s in at}
+            of_step = f" (in {at[0].step_name} {at[0].step})" if len(steps) == 1 and None not in steps else ""
             lines.append(
                 f"desync: ranks sit in different collectives; the first where they disagree is collective "
-                f"#{first}{label}: {'; '.join(parts)}"
+                f"#{first}{label}{of_step}: {'; '.join(parts)}"
             )
     if desync:
         return lines
@@ -311,9 +324,7 @@ def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str
             step = next(iter(in_coll.values())).step if of_step else None
             text = f"{_ranks(list(in_coll))} wait in {name}{of_step}"
             if blockers:
-                text += " for " + "; ".join(
-                    f"{_ranks([r])}, which is {_where(others[r], now, step)}" for r in blockers
-                )
+                text += " for " + "; ".join(f"{_ranks([r])}, which is {_where(others[r], now, step)}" for r in blockers)
             if gone:
                 text += f"; {_ranks(gone)} finished"
             lines.append(text)
@@ -360,46 +371,13 @@ def add_to_json(doc: dict[str, Any], states: dict[int, OpenState], now_ns: int |
 
 
 class Counts:
-    """Steps and collectives per group among rows of resolved spans (name ids and args)."""
+    """Steps and collectives per group."""
 
     __slots__ = ("steps", "groups")
 
     def __init__(self) -> None:
         self.steps = 0
         self.groups: Counter[str] = Counter()
-
-    def add_rows(self, names: Sequence[str], name_ids: Iterable[int], args: Sequence[Any], step_name: str) -> None:
-        per_name = Counter(name_ids)  # C speed: the flush path pays for this one pass only
-        marked: Counter[tuple[int, str]] = Counter()
-        unmarked: Counter[int] = Counter()
-        ids: Any = None
-        # Rows with arguments are few (steps, collectives); only they are looked at one by one.
-        with_args = list(itertools.compress(range(len(args)), args))
-        if with_args:
-            ids = name_ids if hasattr(name_ids, "__getitem__") else list(name_ids)
-            for i in with_args:
-                a = args[i]
-                n = ids[i]
-                c = a.get("collective")
-                if c is not None or "group" in a:
-                    unmarked[n] += 1
-                    if is_collective(names[n], a):
-                        marked[(n, _group(a))] += 1
-        for n, k in per_name.items():
-            name = names[n]
-            if name == step_name:
-                self.steps += k
-            rest = k - unmarked.get(n, 0)
-            if rest and WAIT_NAMES.search(name):
-                self.groups[""] += rest
-        for (_, g), k in marked.items():
-            self.groups[g] += k
-
-    def add_span(self, name: str, args: Any, step_name: str) -> None:
-        if name == step_name:
-            self.steps += 1
-        if is_collective(name, args):
-            self.groups[_group(args)] += 1
 
     def plus(self, other: Counts) -> Counts:
         out = Counts()
@@ -408,28 +386,101 @@ class Counts:
         return out
 
 
+_MISSING = object()
+
+
+class _Kinds:
+    """Which spans count (the step, each collective and its group), by name, decided from each
+    name's first span seen (its arguments: `is_collective`); and the counting of resolved rows
+    (by name id) and pending spans (by name) at C speed, reading no row's arguments one by one
+    (a name is a collective, or not, for all its spans, as the name rule of `stats` has it)."""
+
+    def __init__(self, step_name: str, names: Sequence[str]) -> None:
+        self.step_name = step_name
+        self.names = names  # the name table the ids index
+        self.known = 0  # names[:known] are decided or waiting in `unknown`
+        self.unknown: set[int] = set()
+        self.counted: dict[int, tuple[bool, str | None]] = {}  # id -> (is the step, group if a collective)
+        self.by_name: dict[str, tuple[bool, str | None] | None] = {}  # None: does not count
+        self.counted_names: dict[str, tuple[bool, str | None]] = {}
+
+    def _decide(self, name: str, args: Any) -> tuple[bool, str | None] | None:
+        kind = self.by_name.get(name, _MISSING)
+        if kind is _MISSING:
+            coll = is_collective(name, args)
+            kind = (name == self.step_name, _group(args) if coll else None) if name == self.step_name or coll else None
+            self.by_name[name] = kind
+            if kind is not None:
+                self.counted_names[name] = kind
+        return kind  # type: ignore[return-value]
+
+    def count(self, counts: Counts, names: Sequence[str], ids: Any, args: Sequence[Any]) -> None:
+        """Rows of resolved spans: `ids` (an array of name ids into `names`) and their `args`."""
+        if self.known < len(names):
+            self.unknown.update(range(self.known, len(names)))
+            self.known = len(names)
+        # Name ids below 256 are the ids' low bytes (little-endian): counted by bytes.count.
+        low = ids.tobytes()[:: ids.itemsize] if len(names) <= 256 and sys.byteorder == "little" else None
+        how_many = low.count if low is not None else ids.count
+        for n in [n for n in self.unknown if how_many(n)]:
+            self.unknown.discard(n)
+            kind = self._decide(names[n], args[ids.index(n)])
+            if kind is not None:
+                self.counted[n] = kind
+        for n, kind in self.counted.items():
+            _add(counts, kind, how_many(n))
+
+    def count_spans(self, counts: Counts, spans: list[Any]) -> None:
+        """Spans themselves (pending ones): their names listed in C, then counted by name."""
+        names = list(map(_NAME, spans))
+        for name in set(names).difference(self.by_name):
+            self._decide(name, spans[names.index(name)].args)
+        for name, kind in self.counted_names.items():
+            _add(counts, kind, names.count(name))
+
+
+_NAME = operator.attrgetter("name")
+
+
+def _add(counts: Counts, kind: tuple[bool, str | None], k: int) -> None:
+    if k:
+        if kind[0]:
+            counts.steps += k
+        if kind[1] is not None:
+            counts.groups[kind[1]] += k
+
+
 class OpenWatcher:
-    """The daemon thread that keeps one rank's open file. `session` is the `Session` (its lock,
-    config, recorder, run id); `counted` the steps and collectives its streamed chunks held
-    (`OpenSink` adds to it)."""
+    """The daemon thread that keeps one rank's open file. `session` is the `Session` (its config,
+    run id); `rec` its recorder. The ordinals count the spans resolved and taken from the store
+    (`count_taken`, called by the session under the recorder's lock as it takes them), those
+    still in the store, and those pending."""
 
     def __init__(self, session: Any, rec: Any, period_s: float = PERIOD_S) -> None:
         self.session = session
         self.rec = rec
         self.period_s = period_s
-        self.written = Counts()  # rows the sinks were given
-        self._store_arr: Any = None  # the store's name column last counted, and how far
+        self._taken: list[Any] = []  # stores taken since the last look (`count_taken`)
+        self._gen = self._gen_counted = 0  # streams begun (`restart`), and the one counted
+        self._total = Counts()  # the rows of every store taken
+        self._store_arr: Any = None  # the store's name column last counted, how far, and what
         self._store_n = 0
         self._store_counts = Counts()
+        self._pending_seen: tuple[Any, int, Any, Counts] | None = None
+        self._kinds: _Kinds | None = None
         self._seen: dict[int, tuple[Any, int]] = {}  # id(span) -> (span, first seen epoch ns)
         self._last: bytes | None = None
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
-        self._finished = False
+        self._finished = False  # the file as last written says finished
         self.path: str | None = None
         self.thread = threading.Thread(target=self._run, name="gputrace-open", daemon=True)
-        self.ticks = 0
+        self.ticks = 0  # looks made, and how many rewrote the file
         self.writes = 0
+        self.cpu_ns = 0  # this thread's CPU time in its looks, all and the longest (benchmarks/live.py)
+        self.cpu_max_ns = 0
+        self.hold_max_ns = 0  # the longest stretch of it without giving up the interpreter
+        self._mark = 0
 
     def start(self) -> None:
         self.thread.start()
@@ -439,27 +490,27 @@ class OpenWatcher:
 
     def _run(self) -> None:
         period = self.period_s
+        cpu = time.thread_time_ns
         while not self._stop.wait(period):
-            if self._finished:
-                continue
+            t = self._mark = cpu()
             try:
                 done = self.write()
             except Exception:  # noqa: BLE001 - a status file is never worth the training run
                 done = True
-            period = self.period_s if done else 0.05
-
-    def rearm(self) -> None:
-        """Recording went on after a save: the file is kept again."""
-        self._finished = False
+            end = cpu()
+            self.hold_max_ns = max(self.hold_max_ns, end - self._mark)
+            self.cpu_ns += end - t
+            self.cpu_max_ns = max(self.cpu_max_ns, end - t)
+            # A busy lock (a flush running) is tried again soon: most of a step is not a flush.
+            period = self.period_s if done else min(self.period_s, 0.01)
 
     def finish(self) -> None:
         """The trace was finished: the file says so, with what was open then (the training thread
-        holds the locks; they are re-entrant)."""
+        holds the recorder's lock or none; it is re-entrant)."""
         try:
             self.write(finished=True)
         except Exception:  # noqa: BLE001 - the trace is what counts
             pass
-        self._finished = True
 
     def write(self, finished: bool = False) -> bool:
         """Look, and rewrite the file when what it says changed. False: the locks were busy."""
@@ -467,13 +518,16 @@ class OpenWatcher:
             snap = self._snapshot()
             if snap is None:
                 return False
-            doc = self._document(*snap, finished=finished)
+            self._yield()
+            doc = self._document(*snap)
             body = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
             self.ticks += 1
-            if body == self._last and self.path is not None:
+            # Unchanged: not written again. A finished file stays finished until what is open
+            # changes (recording went on after the save).
+            if body == self._last and self.path is not None and (self._finished or not finished):
                 return True
-            from gputrace.dist import rank_info
-
+            doc["finished"] = finished
+            self._yield()
             rank = rank_info(self.session.config.rank).rank
             out_dir = self.session.config.out_dir
             if not out_dir:
@@ -481,18 +535,14 @@ class OpenWatcher:
             path = open_path(out_dir, rank)
             full = dict(doc)
             full.update(self._identity(rank))
-            from gputrace.trace.files import atomic_writer
-
             # Not fsynced: a killed process's page cache survives it; a fsync costs milliseconds.
             with atomic_writer(path, durable=False) as f:
                 f.write(orjson.dumps(full))
-            self.path, self._last = path, body
+            self.path, self._last, self._finished = path, body, finished
             self.writes += 1
             return True
 
     def _identity(self, rank: int) -> dict[str, Any]:
-        from gputrace.dist import rank_info
-
         info = rank_info(self.session.config.rank)
         return {
             "gputrace_open": VERSION,
@@ -504,47 +554,137 @@ class OpenWatcher:
             "written_ns": self.rec.clock.now(),
         }
 
+    def count_taken(self, store: Any) -> None:
+        """`store`'s rows were just taken from the recorder's store (to be written): the next look
+        counts them. The caller holds the recorder's lock, so that no look finds them in neither
+        place; keeping references to two of its columns is all the flush pays (they live until
+        the next look: at most a period's spans, 16 bytes each)."""
+        self._taken.append((store.name, store.args))
+
+    def restart(self) -> None:
+        """A new stream (a reset, a new file): its ordinals count from 0 again (the caller holds
+        the recorder's lock)."""
+        self._taken = []
+        self._gen += 1
+
     def _snapshot(self) -> tuple[Counts, list[Any], list[tuple[Any, list[Any]]]] | None:
         """Counts of resolved and pending spans, the pending list and the open stacks, all of one
-        moment: the session's lock (a flush between taking rows and handing them to the sinks)
-        and the recorder's (a resolve moving pending spans into the store), both only tried."""
+        moment: the lists are copied under the recorder's lock (a resolve moves pending spans
+        into the store, a flush takes the store's rows), which is only tried; the counting is
+        done after, in slices, giving the interpreter back between them."""
         session, rec = self.session, self.rec
-        if not session.lock.acquire(blocking=False):
+        if not rec._lock.acquire(blocking=False):
             return None
         try:
-            if not rec._lock.acquire(blocking=False):
-                return None
-            try:
-                written = self.written.plus(Counts())
-                store = rec.store
-                arr = store.name
-                if arr is not self._store_arr:  # taken to the sinks: they counted it
-                    self._store_arr, self._store_n, self._store_counts = arr, 0, Counts()
-                n = len(arr)
-                new_ids = arr[self._store_n : n]
-                new_args = store.args[self._store_n : n]
-                self._store_n = n
-                names = store.names
-                pending = list(rec.hot.pending)
-                stacks = [(st, list(st)) for st in list(rec._stacks) if st]
-            finally:
-                rec._lock.release()
+            taken, self._taken = self._taken, []
+            gen = self._gen
+            store = rec.store
+            arr = store.name
+            n = len(arr)
+            same = arr is self._store_arr and n >= self._store_n
+            k = self._store_n if same else 0
+            # Not copied here: rows below n stay as they are (a take swaps the columns for new
+            # ones, a resolve appends), so they are read after the lock is given back.
+            store_args = store.args
+            names = store.names
+            # The pending list only grows at its end between flushes: what was counted at the last
+            # look is not copied again (a look during a hang, or in a run that never flushes).
+            held = rec.hot.pending
+            seen = self._pending_seen
+            m = 0
+            if (
+                seen is not None
+                and held
+                and held[0] is seen[0]
+                and len(held) >= seen[1]
+                and held[seen[1] - 1] is seen[2]
+            ):
+                m = seen[1]
+            new_pending = held[m:]
+            recent = held[-_RECENT:]  # where the GPU is: the spans closed last
+            pending_now = (held[0], len(held), held[-1]) if held else None
+            stacks = [(st, list(st)) for st in list(rec._stacks) if st]
         finally:
-            session.lock.release()
+            rec._lock.release()
+        self._yield()
         step = session.config.step_name
-        if len(new_ids):
-            self._store_counts.add_rows(names, new_ids, new_args, step)
-        counts = written.plus(self._store_counts)
-        for k in range(0, len(pending), _SLICE):
-            if k:
-                time.sleep(0)  # let the training thread have the interpreter
-            for s in pending[k : k + _SLICE]:
-                counts.add_span(s.name, s.args, step)
-        return counts, pending, stacks
+        if gen != self._gen_counted:  # a new stream: what was counted belongs to the last one
+            self._gen_counted, self._total = gen, Counts()
+            if not same:
+                self._store_counts = Counts()
+        # The taken rows not counted yet: a flush a step leaves many small stores, counted a
+        # batch at a time, each joined into one pair of columns in C (a bytes join, a chain).
+        while taken:
+            batch = taken[:_STORES]
+            del taken[:_STORES]
+            part_ids, part_args = [], []
+            for t_ids, t_args in batch:
+                k0 = 0
+                if t_ids is self._store_arr:  # the rows counted while it was the store, then the rest
+                    self._total = self._total.plus(self._store_counts)
+                    k0, self._store_arr = self._store_n, None
+                if len(t_ids) - k0 > _ROWS:  # a large one (flushes far apart): a slice at a time
+                    self._count_rows(self._total, names, t_ids, t_args, k0, step)
+                    self._yield()
+                    continue
+                part_ids.append(t_ids[k0:] if k0 else t_ids)
+                part_args.append(t_args[k0:] if k0 else t_args)
+            ids = array("l")
+            ids.frombytes(b"".join(map(array.tobytes, part_ids)))
+            self._count_rows(self._total, names, ids, list(itertools.chain.from_iterable(part_args)), 0, step)
+            # Freed here, a batch at a time, not all at once as the look ends.
+            del batch, part_ids, part_args, ids, t_ids, t_args
+            self._yield()
+        if not same:
+            self._store_counts = Counts()
+        self._count_rows(self._store_counts, names, arr, store_args, k, step, n)
+        self._store_arr, self._store_n = arr, n
+        counts = self._total.plus(self._store_counts)
+        self._yield()
+        counts = counts.plus(self._count_pending(new_pending, m, pending_now, names, step))
+        return counts, recent, stacks
 
-    def _document(
-        self, counts: Counts, pending: list[Any], stacks: list[tuple[Any, list[Any]]], finished: bool
-    ) -> dict[str, Any]:
+    def _kinds_for(self, names: list[str], step: str) -> _Kinds:
+        kinds = self._kinds
+        if kinds is None or kinds.step_name != step or kinds.names is not names:
+            kinds = self._kinds = _Kinds(step, names)
+        return kinds
+
+    def _yield(self) -> None:
+        """Give the interpreter to the training thread, noting the longest stretch of this
+        thread's CPU time without doing so (`hold_max_ns`: what a span can wait on a look)."""
+        now = time.thread_time_ns()
+        self.hold_max_ns = max(self.hold_max_ns, now - self._mark)
+        time.sleep(0)
+        self._mark = time.thread_time_ns()
+
+    def _count_rows(
+        self, counts: Counts, names: list[str], ids: Any, args: Any, k: int, step: str, n: int | None = None
+    ) -> None:
+        kinds = self._kinds_for(names, step)
+        end = len(ids) if n is None else n
+        for i in range(k, end, _ROWS):
+            if i > k:
+                self._yield()  # let the training thread have the interpreter
+            j = min(i + _ROWS, end)
+            kinds.count(counts, names, ids[i:j], args[i:j])
+
+    def _count_pending(
+        self, new: list[Any], m: int, now: tuple[Any, int, Any] | None, names: list[str], step: str
+    ) -> Counts:
+        """The pending spans' steps and collectives: those counted at the last look (its first
+        `m`, when the list kept them) and the `new` ones."""
+        seen = self._pending_seen
+        counts = seen[3].plus(Counts()) if m and seen is not None else Counts()
+        kinds = self._kinds_for(names, step)
+        for i in range(0, len(new), _SLICE):
+            if i:
+                self._yield()
+            kinds.count_spans(counts, new[i : i + _SLICE])
+        self._pending_seen = (*now, counts) if now is not None else None
+        return counts
+
+    def _document(self, counts: Counts, pending: list[Any], stacks: list[tuple[Any, list[Any]]]) -> dict[str, Any]:
         rec = self.rec
         now = rec.clock.now()
         step_name = self.session.config.step_name
@@ -582,7 +722,6 @@ class OpenWatcher:
                 coll = {"name": s.name, "group": g, "ordinal": ordinal, "since_ns": since}
             out_stack.append({"name": s.name, "since_ns": since, "track": st.track.name, "collective": ordinal})
         return {
-            "finished": finished,
             "step_name": step_name,
             "step": step_ord,
             "stack": out_stack,
@@ -646,19 +785,14 @@ def _query(event: Any) -> bool:
 
 
 class OpenSink:
-    """The open file's part in the stream: counts the steps and collectives of each chunk
-    written (their ordinals go on from there) and writes the file last when the trace is
-    finished."""
+    """The open file's part in the stream: written last when the trace is finished (and again,
+    unfinished, by the watcher if recording goes on after that)."""
 
     def __init__(self, watcher: OpenWatcher) -> None:
         self.watcher = watcher
 
     def add(self, chunk: Any, update: dict[str, Any] | None = None) -> None:
-        sp = chunk.spans
-        if len(sp.args) and sp.args[0] and sp.args[0].get("unfinished"):
-            return  # the open spans at a save (a chunk of their own): still open, counted as such
-        self.watcher.written.add_rows(chunk.names, sp.name, sp.args, self.watcher.session.config.step_name)
-        self.watcher.rearm()
+        pass
 
     def finish(self, header: dict[str, Any]) -> None:
         self.watcher.finish()

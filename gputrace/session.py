@@ -369,7 +369,8 @@ class Session:
         self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
         watcher = self._watch(rec)
         if watcher is not None:
-            watcher.written = live.Counts()  # a new stream: its ordinals start again
+            with rec._lock:
+                watcher.restart()  # a new stream: its ordinals start again
             self.sinks.append(live.OpenSink(watcher))
         self._install_signal_handlers()
         return self.stream
@@ -393,10 +394,11 @@ class Session:
             try:
                 stream = self._resume(rec)
             except (OSError, GputraceError) as e:
-                self._unwritable(rec, self.stream, e, len(rec.take_resolved()))
+                self._unwritable(rec, self.stream, e, len(self._take(rec)))
                 return
         # The rows leave the recorder's store in one step: other threads go on resolving into it.
-        store = rec.take_resolved()
+        # The open file's watcher counts them as they leave (its ordinals), under the same lock.
+        store = self._take(rec)
         trace = self.rank_trace(rec, store, chunk=True)
         _clamp_to_base(trace, stream.base_ns)
         update = None
@@ -416,6 +418,17 @@ class Session:
         for sink in self.sinks[1:]:
             sink.add(trace, update)
         self.counters = CounterColumns()
+
+    def _take(self, rec: Recorder) -> SpanStore:
+        """The resolved rows, out of the recorder's store (`Recorder.take_resolved`); the open
+        file's watcher counts them as they leave (its ordinals), under the same lock."""
+        watcher = self.watcher
+        if watcher is None:
+            return rec.take_resolved()
+        with rec._lock:
+            store = rec.take_resolved()
+            watcher.count_taken(store)
+        return store
 
     def _unwritable(self, rec: Recorder, stream: Any, error: BaseException, spans: int) -> None:
         """The stream's file cannot take this flush's spans (the disk is full, the file past its
