@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from gputrace.session import enable as enable
     from gputrace.session import flush as flush
     from gputrace.session import is_enabled as is_enabled
+    from gputrace.session import last_report as last_report
     from gputrace.session import reset as reset
     from gputrace.session import save as save
     from gputrace.session import set_host_clock as set_host_clock
@@ -50,6 +51,7 @@ _EXPORTS = {
     "enable": "gputrace.session",
     "flush": "gputrace.session",
     "is_enabled": "gputrace.session",
+    "last_report": "gputrace.session",
     "reset": "gputrace.session",
     "save": "gputrace.session",
     "set_host_clock": "gputrace.session",
@@ -88,6 +90,7 @@ __all__ = [
     "enabled_from_env",
     "flush",
     "is_enabled",
+    "last_report",
     "reset",
     "save",
     "set_host_clock",

@@ -467,6 +467,7 @@ def validate(paths: tuple[str, ...]) -> None:
     default=None,
     help="another run (directory, trace file or digest): a tab shows what `gputrace diff` says of it",
 )
+@click.option("--follow", is_flag=True, help="watch a run as it is written: DIR is the folder its ranks stream into")
 @selection_options(allow_mixed=False)
 @_guard
 @_mixed_runs_fix(
@@ -479,12 +480,15 @@ def view(
     no_browser: bool,
     perfetto_ui: str | None,
     export: str | None,
+    follow: bool,
     selection: Selection,
     compare: str | None = None,
 ) -> None:
     """Look at traces in the browser: which rank was slow in which step, who waited in which
     collective, span statistics, each linked to the Perfetto timeline; with --compare, the
     change from this run to another, name by name."""
+    if follow:
+        return _follow(paths, port, no_browser, export, selection)
     from gputrace.trace.files import check_target, write_atomic
     from gputrace.trace.registry import expand
     from gputrace.viewer import data, report, server
@@ -534,10 +538,22 @@ def view(
     _serve(viewer, port, ui, no_browser)
 
 
+def _follow(paths: tuple[str, ...], port: int, no_browser: bool, export: str | None, sel: Selection) -> None:
+    from gputrace.viewer.follow import Follower, FollowViewer
+
+    if len(paths) != 1:
+        raise GputraceError("--follow takes one folder: the out_dir the ranks stream into")
+    if export or sel.given or sel.skip_steps:
+        raise GputraceError("--follow shows the latest steps of every rank: leave out --export and the selections")
+    viewer = FollowViewer(Follower(paths[0], step_name=sel.step_name))
+    _serve(viewer, port, None, no_browser)
+
+
 def _serve(viewer: Any, port: int, ui: Any, no_browser: bool) -> None:
     httpd = viewer.serve(port)
     url = f"http://127.0.0.1:{httpd.server_address[1]}/"
-    click.echo(f"gputrace view: {url} (timeline from {ui.label}; Ctrl-C stops)")
+    shown = f"timeline from {ui.label}" if ui is not None else "following the run"
+    click.echo(f"gputrace view: {url} ({shown}; Ctrl-C stops)")
     if not no_browser:
         import webbrowser
 

@@ -70,6 +70,17 @@ class Config:
         default=None,
         metadata={"help": "rank of this process, when neither torch.distributed nor RANK gives it"},
     )
+    report_every: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "every N steps the ranks' recent step times are gathered (one small collective, at the flush "
+            "after the Nth step span ends) and rank 0 logs the slowest rank (logger gputrace.straggler); off by default"
+        },
+    )
+    report_timeout: int = dataclasses.field(
+        default=60,
+        metadata={"help": "seconds a straggler report waits for the other ranks; past it reports stop"},
+    )
 
     def replace(self, **options: Any) -> Config:
         known = {f.name for f in dataclasses.fields(self)}

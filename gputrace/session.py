@@ -47,6 +47,7 @@ from gputrace.record import Recorder
 from gputrace.resolve import SpanStore
 from gputrace.sinks import Sink, StreamSink
 from gputrace.state import State
+from gputrace.straggler import Reporter
 from gputrace.trace import chrome, registry
 from gputrace.trace.model import CounterColumns, Process, SpanColumns, Trace, Track
 from gputrace.version import __version__
@@ -86,6 +87,7 @@ class Session:
         self._deferred: tuple[int, Any] | None = None
         self.unwritten = 0  # spans the stream's file could not take (a full disk), dropped
         self._told_unwritable = False
+        self.reporter: Reporter | None = None  # the straggler report, with report_every
         self.watcher: live.OpenWatcher | None = None  # keeps the open file while streaming
 
     # ---- on and off --------------------------------------------------------------------------
@@ -102,16 +104,28 @@ class Session:
             if rec is not None:
                 self._reconfigure(rec, config)
             self.config = config
+            self._set_reporter(config)
             if rec is None:
                 self._build()
             else:
                 record.set_recorder(rec, rec)
             self._register_atexit()
 
+    def _set_reporter(self, config: Config) -> None:
+        """The straggler report as `report_every` says (one kept while its options stay)."""
+        r = self.reporter
+        if not config.report_every:
+            self.reporter = None
+        elif r is None or (r.every, r.step_name, r.timeout_s) != (
+            config.report_every, config.step_name, config.report_timeout
+        ):  # fmt: skip
+            self.reporter = Reporter(config.report_every, config.step_name, config.report_timeout)
+
     def enable_from_env(self) -> None:
         """Recording on from the environment, at import. Building the recorder imports torch,
         which `import gputrace` and the CLI must not, so the first span builds it."""
         self.config = Config.from_env()
+        self._set_reporter(self.config)
         self.state.lazy = self._build
         self._register_atexit()
 
@@ -200,6 +214,8 @@ class Session:
         with self._critical():
             n = rec.flush(wait=wait)
             self._sample_memory(rec)
+            if self.reporter is not None:
+                self.reporter.flushed(rec)
             if self.config.out_dir:
                 self._append(rec)
         return n
@@ -875,6 +891,15 @@ def sync_clocks(group: Any = None, exchanges: int = 16) -> ClockSync | None:
     goes into the trace, and `gputrace merge` applies them. Works with NCCL (through a gloo
     side group) and gloo. Returns None without torch.distributed."""
     return SESSION.sync_clocks(group, exchanges)
+
+
+def last_report() -> dict[str, Any] | None:
+    """The last straggler report (`report_every`), as a dict, on every rank: the window of
+    steps, per rank its median step, busy and wait ns with its relative and individual scores,
+    the slowest rank and by how much, the cause, and the line rank 0 logged. None before the
+    first report, or without `report_every`."""
+    r = SESSION.reporter
+    return r.last if r is not None else None
 
 
 def gather_digests(out_dir: str | None = None, group: Any = None, dst: int = 0) -> list[str]:
