@@ -1,9 +1,11 @@
 // The rank x step heatmap: one cell per rank per step, coloured by the rank's busy time in the
-// step (work before waiting in collectives) against the step's median over ranks. A black mark
-// is gputrace's verdict: that rank was the slowest in that step by more than the noise. Hover
+// step (work before waiting in collectives) against the median of the other ranks in that step
+// (with two ranks, the other one: a median over both would halve the gap). A black mark, the
+// middle half of the cell each way at every size, is gputrace's verdict: that rank was the slowest in that step by more than the noise. Hover
 // shows the numbers; a click shows that rank's step in the timeline. Drawn on one canvas (no DOM
 // node per cell); with more steps than pixels, each column shows the worst step it covers.
 
+import * as state from "./state.js";
 import { el, fmtNs, fmtPct, fmtSigned } from "./util.js";
 
 const SATURATE = 0.2; // busy time 20% off the median takes the scale's end colour
@@ -50,8 +52,9 @@ export function render(doc, element, bus) {
   for (let r = 0; r < n; r++) {
     const busy = st.busy[r];
     if (!busy) continue;
+    const ref = st.ref && st.ref[r];
     for (let k = 0; k < S; k++) {
-      const med = st.median[k];
+      const med = ref ? ref[k] : st.median[k];
       ratio[r * S + k] = med > 0 ? busy[k] / med : busy[k] > 0 ? Infinity : 1;
     }
   }
@@ -75,6 +78,7 @@ export function render(doc, element, bus) {
   );
   element.append(
     el("p", { className: "lead", "data-testid": "heatmap-verdict", text: verdictLine }),
+    doc.warmup_auto ? el("p", { className: "note", "data-testid": "warmup-note", text: `Warm-up left out: ${doc.notes[0]}.` }) : null,
     el("div", { className: "legend-row" }, legend(), controls),
     el("details", { className: "rule" }, el("summary", { text: "When is a rank called slowest?" }), el("p", { text: st.rule })),
   );
@@ -169,18 +173,15 @@ export function render(doc, element, bus) {
         const [y0, y1] = rows[r];
         const cw = xe - x;
         const ch = y1 - y0;
-        // The mark: a centred square when the cell has room for one, else the whole cell.
-        const side = Math.max(2, Math.floor(Math.min(cw, ch) * 0.5));
-        const big = cw >= 5 && ch >= 5;
-        const mx0 = x + Math.floor((cw - side) / 2);
-        const mx1 = mx0 + side;
-        const my0 = y0 + Math.floor((ch - side) / 2);
-        const my1 = my0 + side;
+        // The mark: the middle half of the cell each way (at least a pixel), at every size, so a
+        // marked cell keeps its colour around the mark however many steps are shown.
+        const [mx0, mx1] = middleHalf(x, xe - (wide ? 1 : 0));
+        const [my0, my1] = middleHalf(y0, y1 - (tall ? 1 : 0));
         for (let yy = y0; yy < y1; yy++) {
           for (let xx = x; xx < xe; xx++) {
             let col = c;
             if ((wide && xx === xe - 1) || (tall && yy === y1 - 1)) col = BACKGROUND;
-            else if (mark && (!big || (xx >= mx0 && xx < mx1 && yy >= my0 && yy < my1))) col = MARK;
+            else if (mark && xx >= mx0 && xx < mx1 && yy >= my0 && yy < my1) col = MARK;
             const o = (yy * w + xx) * 4;
             px[o] = col[0];
             px[o + 1] = col[1];
@@ -202,6 +203,7 @@ export function render(doc, element, bus) {
     }
     range.textContent = `steps ${st.first + view.s0}–${st.first + view.s1 - 1} of ${st.first}–${st.first + S - 1}`;
     canvas.dataset.view = `${view.s0},${view.s1}`;
+    if (element.onview) element.onview(view.s0, view.s1);
   }
 
   function drawLabels(ctx) {
@@ -234,6 +236,7 @@ export function render(doc, element, bus) {
     view.s0 = a;
     view.s1 = a + m;
     draw();
+    state.write({ steps: a === 0 && m === S ? null : `${st.first + a}-${st.first + a + m - 1}` });
   }
   function zoomBy(f, centre) {
     const m = view.s1 - view.s0;
@@ -261,8 +264,9 @@ export function render(doc, element, bus) {
       lines.push(`no '${st.name}' spans on this rank`);
       return lines;
     }
-    const med = st.median[k];
-    lines.push(`busy ${fmtNs(busy[k])}: ${fmtPct(med ? (100 * (busy[k] - med)) / med : null)} against the median ${fmtNs(med)}`);
+    const ref = st.ref && st.ref[r] ? st.ref[r][k] : st.median[k];
+    const others = n === 2 ? "the other rank's" : n > 2 ? "the other ranks' median" : "its own";
+    lines.push(`busy ${fmtNs(busy[k])}: ${fmtPct(ref ? (100 * (busy[k] - ref)) / ref : null)} against ${others} ${fmtNs(ref)}`);
     lines.push(`waiting in collectives ${fmtNs(st.wait[r][k])}; the step took ${fmtNs(st.end[r][k] - st.start[r][k])}`);
     if (st.verdict.slot[k] === r) {
       const margin = st.verdict.margin_ns[k];
@@ -354,12 +358,24 @@ export function render(doc, element, bus) {
   function select(r, k) {
     selected = { r, k };
     draw();
+    state.write({ tab: "heatmap", sel: `cell:${doc.ranks[r]}:${st.first + k}` });
     if (!st.start[r]) return;
     bus.emit("zoom", {
       start: st.start[r][k],
       end: st.end[r][k],
       what: `${doc.labels[r]}, step ${st.first + k}`,
+      slot: r,
+      span: { start: st.start[r][k], end: st.end[r][k], name: st.name },
     });
+  }
+  // A selection by rank and step number (a link's), brought into view.
+  function selectStep(rank, number) {
+    const r = doc.ranks.indexOf(rank);
+    const k = number - st.first;
+    if (r < 0 || !(k >= 0 && k < S)) return false;
+    if (k < view.s0 || k >= view.s1) setView(k - (view.s1 - view.s0) / 2, k + (view.s1 - view.s0) / 2);
+    select(r, k);
+    return true;
   }
 
   // For tests and scripts: where a cell is drawn and what colour it has.
@@ -381,7 +397,14 @@ export function render(doc, element, bus) {
     select,
   };
 
+  const initial = /^(\d+)-(\d+)$/.exec(state.get("steps") || "");
+  if (initial) {
+    view.s0 = Math.max(0, Math.min(S - 1, Number(initial[1]) - st.first));
+    view.s1 = Math.max(view.s0 + 1, Math.min(S, Number(initial[2]) - st.first + 1));
+  }
+  element.append(findings(doc, selectStep, bus));
   draw();
+  element.selectStep = selectStep;
   if (window.ResizeObserver) {
     let lastW = wrap.clientWidth;
     new ResizeObserver(() => {
@@ -392,6 +415,67 @@ export function render(doc, element, bus) {
     }).observe(wrap);
   }
   element.redraw = draw;
+}
+
+// [a, b) -> its middle half, at least one pixel.
+function middleHalf(a, b) {
+  const len = Math.max(1, b - a);
+  const side = Math.max(1, Math.round(len / 2));
+  const lo = a + Math.floor((len - side) / 2);
+  return [lo, lo + side];
+}
+
+// The phases in which a rank stayed slowest, in words, and the worst steps; each a link to its
+// cell (and the timeline).
+function findings(doc, selectStep, bus) {
+  const st = doc.steps;
+  const box = el("div", { className: "findings" });
+  const phases = doc.phases || [];
+  if (phases.length) {
+    box.append(
+      el("div", {},
+        el("h3", { text: "Phases" }),
+        el("ul", { "data-testid": "phases" },
+          phases.map((p) =>
+            el("li", {},
+              el("button", {
+                type: "button",
+                className: "link",
+                "data-testid": "phase",
+                text: p.words,
+                title: "show the phase's first step of this rank",
+                onclick: () => selectStep(p.rank, st.first + p.runs[0][0]),
+              }),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+  const worst = doc.worst || [];
+  if (worst.length) {
+    box.append(
+      el("div", {},
+        el("h3", { text: `Worst steps${worst.length > 1 ? ` (the ${worst.length} largest margins)` : ""}` }),
+        el("ol", { "data-testid": "worst-steps" },
+          worst.map((w) =>
+            el("li", {},
+              el("button", {
+                type: "button",
+                className: "link",
+                "data-testid": "worst-step",
+                "data-step": w.step,
+                "data-rank": w.rank,
+                text: `step ${w.step}: rank ${w.rank}, ${fmtSigned(w.margin_ns)} (${fmtPct(w.margin_pct)}) busier than the median ${fmtNs(w.median_ns)}`,
+                onclick: () => selectStep(w.rank, w.step),
+              }),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+  return box;
 }
 
 function niceStep(x) {
