@@ -392,6 +392,12 @@ export function render(doc, element, bus) {
       const d = canvas.getContext("2d").getImageData(geo.x0 + Math.floor((x0 + x1 - 1) / 2), geo.y0 + Math.floor((y0 + y1 - 1) / 2), 1, 1).data;
       return [d[0], d[1], d[2]];
     },
+    // The cell's device pixels on the canvas: [x0, x1) x [y0, y1).
+    bounds(r, k) {
+      const [x0, x1] = xBounds(k);
+      const [y0, y1] = yBounds(r);
+      return { x0: geo.x0 + x0, x1: geo.x0 + x1, y0: geo.y0 + y0, y1: geo.y0 + y1 };
+    },
     view: () => [view.s0, view.s1],
     setView,
     select,

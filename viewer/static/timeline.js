@@ -90,13 +90,18 @@ export function render(doc, element, bus) {
     loaded = got.length === 2 && got.every(Number.isFinite) ? got : [0, doc.duration_ns];
     post({ perfetto: { buffer, title: doc.title, keepApiOpen: true } });
     loadedAt = Date.now();
+    arrange(loadedAt);
     status.textContent = tl.whole ? "the whole trace" : `the trace from ${fmtNs(loaded[0])} to ${fmtNs(loaded[1])} (it is too large for the Perfetto UI at once: a click in the views loads the part it shows)`;
     element.dataset.loaded = loaded.join(",");
   }
 
   async function go(z) {
     wanted = z;
-    if (!ready) return;
+    element.scrollIntoView({ block: "nearest" });
+    if (!ready) {
+      status.textContent = `${z.what}: shown once the Perfetto UI has started`;
+      return;
+    }
     const mine = ++serial;
     const start = z.start;
     const end = z.end > z.start ? z.end : z.start + 1000;
@@ -129,7 +134,6 @@ export function render(doc, element, bus) {
     }
     status.textContent = z.slot === undefined || perfettoApp() ? `showing ${z.what}` : `showing ${z.what}: look for '${rankName(z.slot)}' in the timeline (a Perfetto UI on another origin cannot be told which rank)`;
     element.dataset.zoom = `${start},${end}`;
-    element.scrollIntoView({ block: "nearest" });
   }
 
   // The UI's app object when the frame is of this page's origin and holds a loaded trace, else null.
@@ -167,6 +171,24 @@ export function render(doc, element, bus) {
       }
     }
     ordered.add(ws);
+  }
+
+  // Once the UI holds the trace posted at `at`, its ranks in numeric order.
+  async function arrange(at) {
+    const until = Date.now() + 60000;
+    await new Promise((res) => setTimeout(res, 300));
+    while (at === loadedAt && Date.now() < until) {
+      const app = perfettoApp();
+      if (app && !app.isLoadingTrace && app.trace.workspace.children.length) {
+        try {
+          orderRanks(app);
+        } catch (e) {
+          // A UI build whose objects differ: its own order stands.
+        }
+        return;
+      }
+      await new Promise((res) => setTimeout(res, 200));
+    }
   }
 
   // Open the clicked rank in the UI and select its span (the UI scrolls the track into view).
