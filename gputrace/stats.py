@@ -15,6 +15,7 @@ step), and a collective finds its step by bisection, so nothing is rescanned per
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -23,12 +24,13 @@ import sys
 import textwrap
 import unicodedata
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import sub
 from typing import Any
 
+from gputrace import breakdown as bd
 from gputrace.errors import GputraceError
 from gputrace.trace.model import Trace
 
@@ -70,6 +72,9 @@ class NameStats:
     max_rank_total_ns: int
     imbalance: float  # largest per-rank total / least
     slowest: Instance  # the longest single span of this name
+    # The total less the time of each span's children on its own track (see `self_times`); None
+    # where the source cannot say (a digest of an older version without its trace).
+    self_total_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,14 @@ class Steps:
     verdicts: list[StepVerdict]  # one per step
     rule: str
     times_slowest: dict[int, int]  # rank -> steps in which it was called slowest
+    # The breakdown (DESIGN.md "Why a step is slow"), in the same shape. None: not known for
+    # that rank and step (a digest of an older version without its trace; for launch lag also a
+    # step with no CUDA span whose host entry time was recorded).
+    idle_ns: dict[int, list[int | None]]  # no span of the rank open on any track but the step and its ancestors
+    collective_wait_ns: dict[int, list[int]]  # inside collectives, before the last rank arrived
+    collective_transfer_ns: dict[int, list[int]]  # inside collectives, after the last rank arrived
+    exposed_collective_ns: dict[int, list[int | None]]  # collective time no span on another track overlaps
+    launch_lag_ns: dict[int, list[int | None]]  # the step's first CUDA span: device start - host entry
 
     def number(self, k: int) -> int:
         return self.skipped + k
@@ -174,12 +187,26 @@ def percentile(sorted_values: Sequence[int], q: int) -> int:
     return sorted_values[max(0, min(n - 1, (n * q + 99) // 100 - 1))]
 
 
-def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_step: bool = False) -> Summary:
+def summarize(
+    trace: Trace,
+    step: str = "step",
+    skip_steps: int = 0,
+    *,
+    require_step: bool = False,
+    unknown_breakdown: Collection[int] = (),
+) -> Summary:
     """The summary of `trace` (times already aligned across ranks). `step` names the span that
     marks one training step; the first `skip_steps` steps of every rank, and everything the rank
     did before them, are left out (warm-up). Without any `step` span, step analysis is omitted,
     unless `require_step`: then a trace with spans but none named `step` is an error that lists
-    the names present."""
+    the names present.
+
+    The step breakdown (`gputrace.breakdown`) is computed from every span of each rank, or, for
+    the spans of a digest (`gputrace.summary`), from its step and collective spans and its
+    cover: spans whose args say `cover` (the union of the rank's other spans on one track, as
+    the digest keeps it), which are nothing else here. The ranks in `unknown_breakdown` have
+    neither (digests of an older version): their idle, exposed collective and launch lag are
+    None."""
     if skip_steps < 0:
         raise GputraceError(f"skip_steps must be 0 or more, not {skip_steps}")
     sp = trace.spans
@@ -206,6 +233,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         if a:
             if a.get("unfinished"):
                 keys[i] = -1 - slot_of_track[sp.track[i]]
+            elif a.get("cover"):
+                keys[i] = -1 - stride - slot_of_track[sp.track[i]]
             c = a.get("collective")
             if c is not None:
                 marked[i] = bool(c)
@@ -219,6 +248,7 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
             g.append(i)
     del keys
     unfinished = [len(groups.pop(-1 - s, ())) for s in range(nr)]
+    cover = [groups.pop(-1 - stride - s, []) for s in range(stride)]
     foreign = len(groups.pop(-1 - nr, ())) + sum(len(v) for k, v in list(groups.items()) if k % stride == nr)
     groups = {k: v for k, v in groups.items() if k % stride != nr}
     if foreign:
@@ -246,6 +276,12 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
                 "skip fewer"
             )
 
+    # Every finished span of each rank, warm-up included: the breakdown looks at all that was
+    # open in a kept step, and a span's children may lie in the warm-up.
+    own: list[list[int]] = [[] for _ in range(nr)]
+    for k, g in groups.items():
+        own[k % stride].extend(g)
+
     # Warm-up: spans of a rank that start before its first kept step.
     warmup = [0] * nr
     if skip_steps and step_idx:
@@ -265,7 +301,10 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
     dur = list(map(sub, end, start))
-    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end)
+    selfs: dict[int, int] = {}
+    for s in range(nr):
+        selfs.update(bd.self_times(own[s], sp.track, start, end))
+    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, selfs)
 
     # Collectives: spans the user marked, else spans named like one (never the step span).
     marked_names = {sp.name[i] for i, c in marked.items() if c}
@@ -287,6 +326,10 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
         )
     for s in range(nr):
         coll_idx[s].sort(key=start.__getitem__)
+    if marked_names:
+        is_coll = lambda i: marked.get(i, False)  # noqa: E731
+    else:
+        is_coll = lambda i: sp.name[i] in wait_names and marked.get(i, True)  # noqa: E731
 
     anchor = [_anchor_uncertainty(rank_meta[r]) for r in ranks]
     align_err, aligned = _alignment_errors(trace, ranks)
@@ -304,6 +347,8 @@ def summarize(trace: Trace, step: str = "step", skip_steps: int = 0, *, require_
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
     elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
         notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    if steps is not None:
+        steps = _breakdown(trace, steps, step_idx, own, cover, collectives, is_coll, set(unknown_breakdown))
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -369,6 +414,7 @@ def _name_stats(
     dur: list[int],
     start: Sequence[int],
     end: Sequence[int],
+    selfs: dict[int, int],
 ) -> tuple[dict[int, list[NameStats]], list[NameStats]]:
     by_name: dict[int, list[int]] = {}
     for k in groups:
@@ -382,6 +428,7 @@ def _name_stats(
         runs: list[int] = []
         slowest: Instance | None = None
         longest = -1
+        self_total = 0
         for k in ks:
             g = groups[k]
             r = ranks[k % stride]
@@ -391,11 +438,13 @@ def _name_stats(
             inst = Instance(r, start[i], end[i])
             if ds[-1] > longest:
                 slowest, longest = inst, ds[-1]
-            by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst))
+            own_self = sum(map(selfs.__getitem__, g))
+            self_total += own_self
+            by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst, own_self))
             runs.extend(ds)
         runs.sort()  # sorted runs: a merge, not a full sort
         assert slowest is not None
-        rows.append(_row(names[n], runs, totals, slowest))
+        rows.append(_row(names[n], runs, totals, slowest, self_total))
     order = lambda x: (-x.total_ns, x.name)  # noqa: E731
     rows.sort(key=order)
     for v in by_rank.values():
@@ -403,18 +452,24 @@ def _name_stats(
     return by_rank, rows
 
 
-def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance) -> NameStats:
+def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance, self_total: int) -> NameStats:
     """One name's statistics from its ascending durations and its total on each rank."""
     pct = (percentile(ds, 50), percentile(ds, 90), percentile(ds, 99))
-    return name_row(name, len(ds), pct, ds[-1], totals, slowest)
+    return name_row(name, len(ds), pct, ds[-1], totals, slowest, self_total)
 
 
 def name_row(
-    name: str, count: int, pct: tuple[int, int, int], max_ns: int, totals: dict[int, int], slowest: Instance
+    name: str,
+    count: int,
+    pct: tuple[int, int, int],
+    max_ns: int,
+    totals: dict[int, int],
+    slowest: Instance,
+    self_total_ns: int | None = None,
 ) -> NameStats:
-    """A name's row from its count, p50/p90/p99, longest and per-rank totals: the ranks with the
-    least and largest total, and the imbalance between them (any source of durations: the spans
-    themselves, or a digest's histograms)."""
+    """A name's row from its count, p50/p90/p99, longest, per-rank totals and self time: the
+    ranks with the least and largest total, and the imbalance between them (any source of
+    durations: the spans themselves, or a digest's histograms)."""
     total = sum(totals.values())
     lo = min(totals, key=lambda r: (totals[r], r))
     hi = max(totals, key=lambda r: (totals[r], -r))
@@ -434,6 +489,7 @@ def name_row(
         max_rank_total_ns=totals[hi],
         imbalance=totals[hi] / totals[lo] if totals[lo] else (math.inf if totals[hi] else 1.0),
         slowest=slowest,
+        self_total_ns=self_total_ns,
     )
 
 
@@ -563,7 +619,92 @@ def _steps(
         "clock error on a duration: twice its device anchor uncertainty, as a duration has two anchored ends "
         "(the offsets between ranks' clocks cancel out of a duration measured on one rank)"
     )
-    return Steps(step, skip, count, srank, starts, ends, busy, wait, medians, verdicts, rule, times)
+    # The breakdown's names and shapes; its numbers follow.
+    zero: list[int] = [0] * count
+    zero_or_none: list[int | None] = [0] * count
+    unknown: list[int | None] = [None] * count
+    return Steps(
+        step,
+        skip,
+        count,
+        srank,
+        starts,
+        ends,
+        busy,
+        wait,
+        medians,
+        verdicts,
+        rule,
+        times,
+        idle_ns={r: list(zero_or_none) for r in srank},
+        collective_wait_ns={r: list(zero) for r in srank},
+        collective_transfer_ns={r: list(zero) for r in srank},
+        exposed_collective_ns={r: list(zero_or_none) for r in srank},
+        launch_lag_ns={r: list(unknown) for r in srank},
+    )
+
+
+def _breakdown(
+    trace: Trace,
+    steps: Steps,
+    step_idx: dict[int, list[int]],
+    own: list[list[int]],
+    cover: list[list[int]],
+    collectives: Collectives | None,
+    is_coll: Callable[[int], bool],
+    unknown: set[int],
+) -> Steps:
+    """`steps` with each rank's breakdown (`gputrace.breakdown`) filled in."""
+    sp = trace.spans
+    start, end, track, name = sp.start, sp.end, sp.track, sp.name
+    step_id = sp.name[step_idx[next(iter(step_idx))][0]]
+    transfers: dict[int, list[tuple[int, int]]] = {r: [] for r in steps.ranks}
+    if collectives is not None:
+        for o in collectives.occurrences:
+            last = o.arrivals[o.last_rank]
+            for r, a in o.arrivals.items():
+                if r in transfers:
+                    transfers[r].append((max(a, last), o.ends[r]))
+    cuda = {t for t, x in enumerate(trace.tracks) if x.kind == "cuda"}
+    entry = sp.entry
+    slot = {r: s for s, r in enumerate(trace.ranks)}
+    idle: dict[int, list[int | None]] = {}
+    cwait: dict[int, list[int]] = {}
+    ctransfer: dict[int, list[int]] = {}
+    exposed: dict[int, list[int | None]] = {}
+    lag: dict[int, list[int | None]] = {}
+    for r in steps.ranks:
+        s = slot[r]
+        ws, we = steps.start_ns[r], steps.end_ns[r]
+        st = step_idx[s]  # the rank's finished steps in start order, warm-up included
+        ss, se, strk = [start[i] for i in st], [end[i] for i in st], [track[i] for i in st]
+        spans = [
+            (start[i], end[i], track[i], bool(is_coll(i)))
+            for i in own[s]
+            if name[i] != step_id and not bd.is_ancestor(start[i], end[i], track[i], ss, se, strk)
+        ]
+        spans += [(start[i], end[i], track[i], False) for i in cover[s]]
+        i_, w_, t_, e_ = bd.rank_breakdown(ws, we, spans, transfers[r], steps.wait_ns[r])
+        cwait[r], ctransfer[r] = w_, t_
+        if r in unknown:
+            idle[r] = [None] * len(ws)
+            exposed[r] = [None] * len(ws)
+            lag[r] = [None] * len(ws)
+            continue
+        idle[r], exposed[r] = list(i_), list(e_)
+        if entry is not None:
+            pairs = [(entry[i], start[i]) for i in sorted(own[s]) if track[i] in cuda and entry[i] > 0]
+            lag[r] = bd.launch_lags(ws, we, pairs)
+        else:
+            lag[r] = [None] * len(ws)
+    return dataclasses.replace(
+        steps,
+        idle_ns=idle,
+        collective_wait_ns=cwait,
+        collective_transfer_ns=ctransfer,
+        exposed_collective_ns=exposed,
+        launch_lag_ns=lag,
+    )
 
 
 def _collectives(
@@ -680,6 +821,7 @@ def _stats_json(r: NameStats) -> dict[str, Any]:
         "max_rank_total_ns": r.max_rank_total_ns,
         "imbalance": _num(r.imbalance),
         "slowest": {"rank": r.slowest.rank, "start_ns": r.slowest.start_ns, "end_ns": r.slowest.end_ns},
+        "self_total_ns": r.self_total_ns,
     }
 
 
@@ -698,6 +840,8 @@ def _counts_json(c: RankCounts) -> dict[str, Any]:
 
 def to_json(summary: Summary) -> dict[str, Any]:
     """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
+    from gputrace.causes import causes  # it reads this module's types
+
     key = {r: str(r) for r in summary.ranks}
 
     def keyed(d: dict[int, Any]) -> dict[str, Any]:
@@ -724,6 +868,11 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "end_ns": keyed(st.end_ns),
             "busy_ns": keyed(st.busy_ns),
             "wait_ns": keyed(st.wait_ns),
+            "idle_ns": keyed(st.idle_ns),
+            "collective_wait_ns": keyed(st.collective_wait_ns),
+            "collective_transfer_ns": keyed(st.collective_transfer_ns),
+            "exposed_collective_ns": keyed(st.exposed_collective_ns),
+            "launch_lag_ns": keyed(st.launch_lag_ns),
             "median_busy_ns": st.median_busy_ns,
             "verdicts": [
                 {
@@ -739,6 +888,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
                 for v in st.verdicts
             ],
             "times_slowest": keyed(st.times_slowest),
+            "causes": causes(st, summary.collectives),
         }
     co = summary.collectives
     if co is not None:
@@ -898,6 +1048,7 @@ def _names_grid(rows: list[NameStats], width: int, nranks: int, dropped: list[st
         _Col("name", [_printable(r.name) for r in rows], right=False, shrink=16),
         _Col("count", [f"{r.count:,}" for r in rows]),
         _Col("total", [fmt_ns(r.total_ns) for r in rows]),
+        _Col("self", ["?" if r.self_total_ns is None else fmt_ns(r.self_total_ns) for r in rows], keep=2),
         _Col("mean", [fmt_ns(r.mean_ns) for r in rows], keep=4),
         _Col("p50", [fmt_ns(r.p50_ns) for r in rows], keep=2),
         _Col("p90", [fmt_ns(r.p90_ns) for r in rows], keep=5),
@@ -1020,6 +1171,17 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                     f" of {fmt_ns(v.median_ns)})",
                     width,
                 )
+
+    if st is not None:
+        from gputrace.causes import causes  # it reads this module's types
+
+        said = causes(st, s.collectives)
+        if said:
+            out += _wrap("why:", width)
+            for line in said[:top]:
+                out += _wrap("  " + line, width)
+            if len(said) > top:
+                out += _wrap(f"  ({len(said) - top} more in --json: steps.causes)", width)
 
     if co is not None:
         out += [""]

@@ -1,0 +1,184 @@
+"""Why a step is slow: each rank's step broken down, and self time per span.
+
+Takes: one rank's spans (intervals in integer ns with their tracks), its step windows and its
+collective occurrences (from `stats`). Gives, per step of the rank (DESIGN.md "Why a step is
+slow"; all on the timeline the spans are on, the merged and aligned one in `stats`):
+
+- idle: time in the step when no span of the rank is open on any of its tracks, leaving out the
+  step spans themselves and the spans that enclose a step on its own track (its ancestors, such
+  as an `epoch` span): those are open the whole step by construction;
+- collective transfer: time inside collectives after the last rank arrived (arrival: the
+  collective span's start), and collective wait: the rest of the time inside collectives, so
+  that wait + transfer is the step's time inside collectives (`Steps.wait_ns`);
+- exposed collective: collective time during which no work (a span that is not a collective, a
+  step or a step's ancestor) is open on another track of the rank (another stream or thread);
+- launch lag: of the step's first CUDA span (the one the host entered first in the step, its
+  host entry time inside the step window), device start minus host entry; None where no CUDA
+  span with a known entry time was entered in the step;
+
+and per span, its self time: its duration less the time of its children, the spans that lie
+inside it on its own track that no span between them encloses (`self_times`).
+
+The digest builder (`gputrace.digest`) computes the same quantities as the rank flushes, with
+the same rules (`is_ancestor`, `nest`): these functions are its reference.
+
+Cost: sorting the rank's spans once per track; the rest is linear, with two bisections a step.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
+from operator import sub
+
+Intervals = tuple[list[int], list[int]]  # sorted, disjoint [start, end) pairs as two columns
+
+
+def union(pairs: Iterable[tuple[int, int]]) -> Intervals:
+    """The union of [start, end) intervals as sorted, disjoint intervals (touching ones joined)."""
+    us: list[int] = []
+    ue: list[int] = []
+    for a, b in sorted(pairs):
+        if b <= a:
+            continue
+        if us and a <= ue[-1]:
+            if b > ue[-1]:
+                ue[-1] = b
+        else:
+            us.append(a)
+            ue.append(b)
+    return us, ue
+
+
+def minus(x: Intervals, y: Intervals) -> Intervals:
+    """x less y, both sorted and disjoint."""
+    xs, xe = x
+    ys, ye = y
+    us: list[int] = []
+    ue: list[int] = []
+    j = 0
+    for a, b in zip(xs, xe):
+        while j < len(ys) and ye[j] <= a:
+            j += 1
+        k = j
+        while a < b and k < len(ys) and ys[k] < b:
+            if ys[k] > a:
+                us.append(a)
+                ue.append(ys[k])
+            a = max(a, ye[k])
+            k += 1
+        if a < b:
+            us.append(a)
+            ue.append(b)
+    return us, ue
+
+
+def within(x: Intervals, starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """For each window [starts[k], ends[k]): the length of x inside it (x sorted, disjoint)."""
+    us, ue = x
+    prefix = list(accumulate(map(sub, ue, us), initial=0))
+    out = []
+    for a, b in zip(starts, ends):
+        # The intervals [i, j) meet [a, b): i the first ending after a, j the first starting at
+        # or after b; their lengths from the prefix sums, less what lies outside.
+        i = bisect_right(ue, a)
+        j = bisect_left(us, b)
+        if i >= j:
+            out.append(0)
+            continue
+        out.append(prefix[j] - prefix[i] - (a - us[i] if us[i] < a else 0) - (ue[j - 1] - b if ue[j - 1] > b else 0))
+    return out
+
+
+def is_ancestor(
+    s: int, e: int, t: int, step_starts: Sequence[int], step_ends: Sequence[int], step_tracks: Sequence[int]
+) -> bool:
+    """Does the span [s, e) on track t enclose a step on its own track (and is longer: a span of
+    the step's very times is taken for its child)? Looked up in the rank's steps sorted by
+    start: the first that starts at or after s."""
+    j = bisect_left(step_starts, s)
+    return (
+        j < len(step_starts) and step_ends[j] <= e and step_tracks[j] == t and (step_starts[j] > s or step_ends[j] < e)
+    )
+
+
+def nest(order: Sequence[int], tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """The time of each span's children: `order` lists span indices by (track, end, start
+    descending), a child before a parent of the same times as written; each span takes as its
+    children the spans of its track not yet taken that start at or after it (they end no later:
+    they came first), the top of a stack sorted by start."""
+    children = [0] * len(starts)
+    stack: list[int] = []
+    track = None
+    for i in order:
+        if tracks[i] != track:
+            track = tracks[i]
+            stack = []
+        s = starts[i]
+        c = 0
+        while stack and starts[stack[-1]] >= s:
+            j = stack.pop()
+            c += ends[j] - starts[j]
+        children[i] = c
+        stack.append(i)
+    return children
+
+
+def nest_order(indices: Iterable[int], tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """`indices` in the order `nest` takes (stable: ties keep their order)."""
+    return sorted(indices, key=lambda i: (tracks[i], ends[i], -starts[i]))
+
+
+def self_times(
+    indices: Sequence[int], tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]
+) -> dict[int, int]:
+    """Span index -> its self time (its duration less its children's), for the spans `indices`
+    of one rank."""
+    order = nest_order(indices, tracks, starts, ends)
+    children = nest(order, tracks, starts, ends)
+    return {i: ends[i] - starts[i] - children[i] for i in indices}
+
+
+def rank_breakdown(
+    step_starts: Sequence[int],
+    step_ends: Sequence[int],
+    spans: Sequence[tuple[int, int, int, bool]],
+    transfers: Iterable[tuple[int, int]],
+    wait_ns: Sequence[int],
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """One rank's idle, collective wait, collective transfer and exposed collective time in each
+    step window. `spans`: the rank's spans other than steps and their ancestors, as (start, end,
+    track, is a collective); `transfers`: each of its collectives' time after the last rank
+    arrived; `wait_ns`: each step's time inside collectives."""
+    everything = union((s, e) for s, e, _, _ in spans)
+    idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(everything, step_starts, step_ends))]
+    transfer = within(union(transfers), step_starts, step_ends)
+    wait = [w - x for w, x in zip(wait_ns, transfer)]
+    coll_tracks = sorted({t for _, _, t, c in spans if c})
+    exposed_pairs: list[tuple[int, int]] = []
+    for t in coll_tracks:
+        mine = union((s, e) for s, e, u, c in spans if c and u == t)
+        others = union((s, e) for s, e, u, c in spans if not c and u != t)
+        exposed_pairs += zip(*minus(mine, others))
+    exposed = within(union(exposed_pairs), step_starts, step_ends)
+    return idle, wait, transfer, exposed
+
+
+def launch_lags(
+    step_starts: Sequence[int], step_ends: Sequence[int], entries: Sequence[tuple[int, int]]
+) -> list[int | None]:
+    """Per step window: device start - host entry of the CUDA span entered first in it (the
+    first in `entries` among equal entries), or None. `entries`: (host entry, device start) of
+    the rank's CUDA spans whose entry is known, in the order written."""
+    firsts = sorted(range(len(entries)), key=lambda k: entries[k][0])
+    es = [entries[k][0] for k in firsts]
+    out: list[int | None] = []
+    for a, b in zip(step_starts, step_ends):
+        j = bisect_left(es, a)
+        if j < len(es) and es[j] < b:
+            e, s = entries[firsts[j]]
+            out.append(s - e)
+        else:
+            out.append(None)
+    return out

@@ -1,0 +1,140 @@
+"""Why steps were slow, in words: the step breakdown turned into short sentences.
+
+Takes: a summary's `Steps` (with the breakdown, `gputrace.breakdown`) and its `Collectives`.
+Gives: sentences (`causes`), e.g. "rank 2 slowest in steps 40-44: 30.0 ms idle outside any span
+a step (the others 0.1 ms)" and "every rank: all_reduce transfer +18.0 ms a step in steps
+20-29", most time first. Two kinds:
+
+- a rank called slowest in a run of consecutive steps: what its busy time went to beyond the
+  other ranks' in those steps: idle outside any span, or work inside spans, and the launch lag
+  when it grew too;
+- a run of consecutive steps in which every rank spent more than usual (beyond its own median
+  step) on one part of the step: collective transfer (named by the collective whose transfer
+  grew most), waiting in collectives, idle, or work inside spans. A part counts as raised when
+  every rank's excess is above RAISED_PCT of the median step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from statistics import median
+
+from gputrace.stats import Collectives, Steps, fmt_ns
+
+#: A part of the step is raised on every rank when each rank's excess over its own median is
+#: more than this share of the median step time.
+RAISED_PCT = 5.0
+
+
+def _runs(ks: Sequence[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for k in ks:
+        if out and out[-1][1] == k - 1:
+            out[-1] = (out[-1][0], k)
+        else:
+            out.append((k, k))
+    return out
+
+
+def _steps_text(st: Steps, a: int, b: int) -> str:
+    return f"step {st.number(a)}" if a == b else f"steps {st.number(a)}-{st.number(b)}"
+
+
+def _known(v: Sequence[int | None]) -> list[int]:
+    return [x for x in v if x is not None]
+
+
+def causes(st: Steps, co: Collectives | None = None) -> list[str]:
+    """The causes in words, the largest first (each sentence once)."""
+    found: list[tuple[int, str]] = []
+    ranks = st.ranks
+    if not ranks or not st.count:
+        return []
+    # Work inside spans: busy time that is not idle (None where idle is not known).
+    work: dict[int, list[int | None]] = {
+        r: [None if i is None else b - i for b, i in zip(st.busy_ns[r], st.idle_ns[r])] for r in ranks
+    }
+
+    # A rank slowest in consecutive steps.
+    by_rank: dict[int, list[int]] = {}
+    for k, v in enumerate(st.verdicts):
+        if v.called:
+            by_rank.setdefault(v.rank, []).append(k)
+    for r, ks in by_rank.items():
+        for a, b in _runs(ks):
+            span = range(a, b + 1)
+            margin = sum(st.verdicts[k].margin_ns for k in span) // len(span)
+            others = [q for q in ranks if q != r]
+            parts = []
+            for label, col in (("idle outside any span", st.idle_ns), ("work inside spans", work)):
+                mine = _known([col[r][k] for k in span])
+                theirs = [_known([col[q][k] for q in others]) for k in span]
+                if len(mine) != len(span) or not others or not all(theirs):
+                    continue
+                m_mine = sum(mine) / len(mine)
+                m_theirs = sum(median(v) for v in theirs) / len(theirs)
+                if m_mine - m_theirs > margin / 4:
+                    text = f"{fmt_ns(m_mine)} {label} a step (the others {fmt_ns(m_theirs)})"
+                    parts.append((int(m_mine - m_theirs), text))
+            lag = _known([st.launch_lag_ns[r][k] for k in span])
+            lag_others = _known([x for q in others for k in span for x in [st.launch_lag_ns[q][k]] if x is not None])
+            if lag and lag_others and len(lag) == len(span):
+                ex = sum(lag) // len(lag) - int(median(lag_others))
+                if ex > margin // 4:
+                    parts.append(
+                        (ex, f"launch lag {fmt_ns(sum(lag) / len(lag))} (the others {fmt_ns(median(lag_others))})")
+                    )
+            parts.sort(key=lambda p: -p[0])
+            why = ", ".join(p[1] for p in parts) if parts else f"{fmt_ns(margin)} more busy time a step than the median"
+            found.append((margin * len(span), f"rank {r} slowest in {_steps_text(st, a, b)}: {why}"))
+
+    # Every rank spending more on one part of the step in consecutive steps.
+    lengths = sorted(e - s for r in ranks for s, e in zip(st.start_ns[r], st.end_ns[r]))
+    threshold = lengths[len(lengths) // 2] * RAISED_PCT / 100
+    transfer_name = _transfer_names(st, co)
+    parts_of: list[tuple[dict[int, list[int]] | dict[int, list[int | None]], Callable[[int, int], str]]] = [
+        (st.collective_transfer_ns, lambda a, b: f"{transfer_name(a, b)} transfer"),
+        (st.collective_wait_ns, lambda a, b: "waiting in collectives"),
+        (st.idle_ns, lambda a, b: "idle outside any span"),
+        (work, lambda a, b: "work inside spans"),
+    ]
+    for column, say in parts_of:
+        cols = {r: _known(column[r]) for r in ranks}
+        if any(len(v) != st.count for v in cols.values()):
+            continue  # not known on some rank
+        base = {r: median(v) for r, v in cols.items()}
+        raised = [k for k in range(st.count) if min(cols[r][k] - base[r] for r in ranks) > threshold]
+        for a, b in _runs(raised):
+            n = b - a + 1
+            if n < 2 and st.count > 2:
+                continue  # one step is noise unless it is all there is
+            mean = sum(cols[r][k] - base[r] for r in ranks for k in range(a, b + 1)) / (n * len(ranks))
+            found.append((int(mean * n), f"every rank: {say(a, b)} +{fmt_ns(mean)} a step in {_steps_text(st, a, b)}"))
+    found.sort(key=lambda x: -x[0])
+    return list(dict.fromkeys(text for _, text in found))
+
+
+def _transfer_names(st: Steps, co: Collectives | None) -> Callable[[int, int], str]:
+    """The collective whose transfer (end less the last arrival, over ranks) grew most in steps
+    a..b against the other steps; "collective" when there is no telling."""
+
+    def name(a: int, b: int) -> str:
+        if co is None:
+            return "collective"
+        inside: dict[str, list[int]] = {}
+        outside: dict[str, list[int]] = {}
+        lo, hi = st.number(a), st.number(b)
+        for o in co.occurrences:
+            if o.step is None or len(o.ends) == 0:
+                continue
+            last = o.arrivals[o.last_rank]
+            t = sum(e - max(last, o.arrivals[r]) for r, e in o.ends.items()) // len(o.ends)
+            (inside if lo <= o.step <= hi else outside).setdefault(o.name, []).append(t)
+        best, grew = "collective", 0.0
+        for n, v in inside.items():
+            d = sum(v) / len(v) - (median(outside[n]) if n in outside else 0)
+            if d > grew:
+                best, grew = n, d
+        return best
+
+    return name
