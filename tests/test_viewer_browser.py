@@ -212,6 +212,7 @@ def test_hostile_names_render_as_text(browser: Any, still_ui: server.UISource) -
             page.click("[data-testid=tab-collectives]")
             page.locator("[data-testid=collective-row]").first.click()
             page.click("[data-testid=tab-heatmap]")
+            page.locator("[data-testid=heatmap]").scroll_into_view_if_needed()  # the click went to the timeline
             box = page.locator("[data-testid=heatmap]").bounding_box()
             c = page.evaluate(f"() => ({PROBE})().centre(0, 1)")
             page.mouse.move(box["x"] + c["x"], box["y"] + c["y"])

@@ -24,12 +24,13 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
 from operator import and_, ge, gt, lt, or_
 from typing import Any
 
 from gputrace import stats
+from gputrace.causes import causes
 from gputrace.trace import chrome
 from gputrace.trace.model import Trace
 
@@ -58,6 +59,7 @@ STAT_COLUMNS = (
     "slowest_rank",
     "slowest_start_ns",
     "slowest_end_ns",
+    "self_total_ns",
 )
 
 
@@ -146,6 +148,7 @@ def document(
         "phases": findings.phases(summary.steps, trace if len(trace.spans) else None)
         if summary.steps is not None
         else [],
+        "causes": causes(summary.steps, summary.collectives) if summary.steps is not None else [],
     }
 
 
@@ -259,8 +262,8 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
         return None
     n = len(slot)
 
-    def per_slot(d: dict[int, list[int]], rel: bool) -> list[list[int] | None]:
-        out: list[list[int] | None] = [None] * n
+    def per_slot(d: Mapping[int, Sequence[Any]], rel: bool) -> list[Any]:
+        out: list[list[Any] | None] = [None] * n
         for r, v in d.items():
             if r in slot:
                 out[slot[r]] = _rel(v[: st.count], base) if rel else list(v[: st.count])
@@ -293,7 +296,57 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
             "called": [1 if v.called else 0 for v in verdicts],
         },
         "times_slowest": [st.times_slowest.get(r, 0) for r in slot],
+        # The breakdown (gputrace.breakdown), per rank and step, None where not known.
+        "idle": per_slot(st.idle_ns, False),
+        "coll_wait": per_slot(st.collective_wait_ns, False),
+        "coll_transfer": per_slot(st.collective_transfer_ns, False),
+        "trend": _trend(st),
+        "totals": {
+            "idle_ns": [_total(st.idle_ns.get(r), st.count) for r in slot],
+            "exposed_collective_ns": [_total(st.exposed_collective_ns.get(r), st.count) for r in slot],
+            "collective_wait_ns": [_total(st.collective_wait_ns.get(r), st.count) for r in slot],
+            "collective_transfer_ns": [_total(st.collective_transfer_ns.get(r), st.count) for r in slot],
+            "launch_lag_ns": [_mean(st.launch_lag_ns.get(r), st.count) for r in slot],
+        },
     }
+
+
+def _total(v: Sequence[int | None] | None, count: int) -> int | None:
+    """The sum over the steps, None when no step's value is known."""
+    known = [x for x in (v or ())[:count] if x is not None]
+    return sum(known) if known else None
+
+
+def _mean(v: Sequence[int | None] | None, count: int) -> int | None:
+    known = [x for x in (v or ())[:count] if x is not None]
+    return sum(known) // len(known) if known else None
+
+
+def _trend(st: stats.Steps) -> dict[str, list[int]]:
+    """Per step, the mean over ranks of each part of the step: work inside spans (busy less idle),
+    idle outside any span, collective transfer and waiting for the last rank. The parts add up to
+    the mean step time, so a step every rank took longer stands out, and by which part."""
+    ranks = [r for r in st.ranks if r in st.busy_ns]
+    n = max(1, len(ranks))
+    out: dict[str, list[int]] = {"work": [], "idle": [], "transfer": [], "wait": []}
+    for k in range(st.count):
+        work = idle = transfer = wait = 0
+        for r in ranks:
+            i = st.idle_ns[r][k] if r in st.idle_ns else None
+            i = i or 0
+            w = st.collective_wait_ns[r][k] if r in st.collective_wait_ns else 0
+            # The collective time that is not waiting is transfer (unmatched collectives too), so
+            # the parts add up to the step.
+            c = st.wait_ns[r][k]
+            idle += i
+            work += st.busy_ns[r][k] - i
+            wait += min(w, c)
+            transfer += c - min(w, c)
+        out["work"].append(work // n)
+        out["idle"].append(idle // n)
+        out["transfer"].append(transfer // n)
+        out["wait"].append(wait // n)
+    return out
 
 
 def _per_slot_lists(values: list[list[int]], ranks: list[int], slot: dict[int, int]) -> list[list[int] | None]:
@@ -360,6 +413,7 @@ def _stat_row(r: stats.NameStats, base: int) -> list[Any]:
         r.slowest.rank,
         r.slowest.start_ns - base,
         r.slowest.end_ns - base,
+        r.self_total_ns,
     ]
 
 

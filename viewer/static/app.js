@@ -2,6 +2,7 @@
 // header, and renders each view into its section. The views talk to the timeline through a bus.
 // The tab, the selection and the heatmap's range live in the URL (state.js): a link restores them.
 
+import * as breakdown from "./breakdown.js";
 import * as collectives from "./collectives.js";
 import * as heatmap from "./heatmap.js";
 import * as state from "./state.js";
@@ -44,6 +45,7 @@ function tabs(doc) {
   const views = [
     ["heatmap", "Stragglers"],
     ["collectives", "Collectives"],
+    ["breakdown", "Where the time went"],
     ["stats", "Span statistics"],
   ];
   const bar = document.getElementById("tabs");
@@ -76,6 +78,9 @@ function restore(show) {
   } else if ((m = /^coll:(\d+)$/.exec(sel))) {
     const co = document.getElementById("collectives");
     if (co.selectOccurrence) co.selectOccurrence(Number(m[1]));
+  } else if ((m = /^bd:(-?\d+):([\s\S]*)$/.exec(sel))) {
+    const bd = document.getElementById("breakdown");
+    if (bd.selectName) bd.selectName(Number(m[1]), m[2]);
   } else if ((m = /^name:([^:]*):([\s\S]*)$/.exec(sel))) {
     const st = document.getElementById("stats");
     if (st.selectName) st.selectName(m[1], m[2]);
@@ -102,6 +107,7 @@ async function main() {
   const show = tabs(doc);
   heatmap.render(doc, document.getElementById("heatmap"), bus);
   stats.render(doc, document.getElementById("stats"), bus);
+  breakdown.render(doc, document.getElementById("breakdown"), bus);
   collectives.render(doc, document.getElementById("collectives"), bus);
   timeline.render(doc, document.getElementById("timeline"), bus);
   restore(show);

@@ -78,12 +78,16 @@ export function render(doc, element, bus) {
   );
   element.append(
     el("p", { className: "lead", "data-testid": "heatmap-verdict", text: verdictLine }),
-    doc.warmup_auto ? el("p", { className: "note", "data-testid": "warmup-note", text: `Warm-up left out: ${doc.notes[0]}.` }) : null,
+    ...(doc.warmup_auto ? [el("p", { className: "note", "data-testid": "warmup-note", text: `Warm-up left out: ${doc.notes[0]}.` })] : []),
     el("div", { className: "legend-row" }, legend(), controls),
     el("details", { className: "rule" }, el("summary", { text: "When is a rank called slowest?" }), el("p", { text: st.rule })),
   );
   const canvas = el("canvas", { "data-testid": "heatmap", "data-ranks": n, "data-steps": S, tabindex: 0 });
-  const wrap = el("div", { className: "heatmap-wrap" }, canvas);
+  // The step-time trend above the cells, on the same x axis: the mean over ranks of each part of
+  // the step, stacked, so a step every rank took longer shows, and by which part.
+  const tr = st.trend && st.trend.work.length === S ? st.trend : null;
+  const trendCanvas = tr ? el("canvas", { "data-testid": "trend", "data-steps": S }) : null;
+  const wrap = el("div", { className: "heatmap-wrap" }, tr ? trendLegend() : null, trendCanvas, canvas);
   const tip = el("div", { className: "tooltip", "data-testid": "heatmap-tooltip", hidden: true });
   element.append(wrap, tip);
 
@@ -194,6 +198,7 @@ export function render(doc, element, bus) {
     }
     ctx.putImageData(img, geo.x0, geo.y0);
     drawLabels(ctx);
+    if (tr) drawTrend();
     if (selected && selected.k >= view.s0 && selected.k < view.s1) {
       const [sx0, sx1] = xBounds(selected.k);
       const [sy0, sy1] = yBounds(selected.r);
@@ -227,6 +232,109 @@ export function render(doc, element, bus) {
       const x = GUTTER + ((k - view.s0 + 0.5) * wCss) / m;
       ctx.fillText(String(st.first + k), x, AXIS - 5);
     }
+  }
+
+  // The trend: per pixel column, the step of the columns' steps with the longest mean step time.
+  const TREND_CSS = 110;
+  let trendGeo = null;
+  function trendTotal(k) {
+    return tr.work[k] + tr.idle[k] + tr.transfer[k] + tr.wait[k];
+  }
+  function trendShown(a, b) {
+    let best = a;
+    for (let k = a + 1; k < b; k++) if (trendTotal(k) > trendTotal(best)) best = k;
+    return best;
+  }
+  function drawTrend() {
+    const { dpr, x0, w } = geo;
+    const cssW = canvas.width / dpr;
+    trendCanvas.style.width = `${cssW}px`;
+    trendCanvas.style.height = `${TREND_CSS}px`;
+    trendCanvas.width = canvas.width;
+    trendCanvas.height = Math.round(TREND_CSS * dpr);
+    const top = Math.round(14 * dpr);
+    const h = trendCanvas.height - top - Math.round(4 * dpr);
+    let max = 0;
+    for (let k = view.s0; k < view.s1; k++) max = Math.max(max, trendTotal(k));
+    trendGeo = { top, h, max };
+    const ctx = trendCanvas.getContext("2d");
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, trendCanvas.width, trendCanvas.height);
+    const m = view.s1 - view.s0;
+    const wide = w / m >= 6;
+    let x = 0;
+    while (x < w) {
+      const [a, b] = columnSteps(x);
+      let xe = x + 1;
+      while (xe < w && columnSteps(xe)[0] === a && columnSteps(xe)[1] === b) xe++;
+      const k = trendShown(a, b);
+      let y = top + h;
+      for (const [part, colour] of TREND_PARTS) {
+        const ph = max > 0 ? Math.round((tr[part][k] * h) / max) : 0;
+        if (ph <= 0) continue;
+        ctx.fillStyle = colour;
+        ctx.fillRect(x0 + x, y - ph, xe - x - (wide ? 1 : 0), ph);
+        y -= ph;
+      }
+      x = xe;
+    }
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = "#333";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "top";
+    ctx.fillText(fmtNs(max), GUTTER - 6, top / dpr);
+    ctx.textBaseline = "bottom";
+    ctx.fillText("0", GUTTER - 6, (top + h) / dpr);
+    trendCanvas.dataset.max = String(max);
+  }
+  function trendHit(ev) {
+    const rect = trendCanvas.getBoundingClientRect();
+    const x = Math.floor((ev.clientX - rect.left) * geo.dpr) - geo.x0;
+    if (x < 0 || x >= geo.w) return null;
+    const [a, b] = columnSteps(x);
+    return { k: trendShown(a, b), a, b };
+  }
+  function describeTrend({ k, a, b }) {
+    const lines = [`step ${st.first + k}: ${fmtNs(trendTotal(k))} on average over the ranks`];
+    if (b - a > 1) lines.push(`(the longest of steps ${st.first + a}–${st.first + b - 1} in this column)`);
+    lines.push(`work inside spans ${fmtNs(tr.work[k])}, idle outside any span ${fmtNs(tr.idle[k])}`);
+    lines.push(`collective transfer ${fmtNs(tr.transfer[k])}, waiting for the last rank ${fmtNs(tr.wait[k])}`);
+    const v = st.verdict.slot[k];
+    if (v >= 0) lines.push(`click: the step's slowest rank (${doc.labels[v]}) in the timeline`);
+    return lines;
+  }
+  if (tr) {
+    trendCanvas.addEventListener("mousemove", (ev) => {
+      const h = trendHit(ev);
+      if (!h) {
+        tip.hidden = true;
+        return;
+      }
+      tip.replaceChildren(...describeTrend(h).map((t) => el("div", { text: t })));
+      tip.hidden = false;
+      const tw = tip.offsetWidth;
+      const left = ev.clientX + 14 + tw > window.innerWidth ? ev.clientX - 14 - tw : ev.clientX + 14;
+      tip.style.left = `${Math.max(0, left)}px`;
+      tip.style.top = `${ev.clientY + 14}px`;
+    });
+    trendCanvas.addEventListener("mouseleave", () => {
+      tip.hidden = true;
+    });
+    trendCanvas.addEventListener("click", (ev) => {
+      const h = trendHit(ev);
+      if (h && st.verdict.slot[h.k] >= 0) select(st.verdict.slot[h.k], h.k);
+    });
+    // For tests: the device x of step k's column centre, and the parts' colours.
+    trendCanvas.probe = {
+      x(k) {
+        const [x0, x1] = xBounds(k);
+        return geo.x0 + Math.floor((x0 + x1 - 1) / 2);
+      },
+      parts: TREND_PARTS.map(([part, colour]) => [part, colour]),
+      geo: () => trendGeo,
+    };
   }
 
   function setView(s0, s1) {
@@ -267,7 +375,16 @@ export function render(doc, element, bus) {
     const ref = st.ref && st.ref[r] ? st.ref[r][k] : st.median[k];
     const others = n === 2 ? "the other rank's" : n > 2 ? "the other ranks' median" : "its own";
     lines.push(`busy ${fmtNs(busy[k])}: ${fmtPct(ref ? (100 * (busy[k] - ref)) / ref : null)} against ${others} ${fmtNs(ref)}`);
-    lines.push(`waiting in collectives ${fmtNs(st.wait[r][k])}; the step took ${fmtNs(st.end[r][k] - st.start[r][k])}`);
+    const cw = st.coll_wait && st.coll_wait[r] ? st.coll_wait[r][k] : null;
+    const ct = st.coll_transfer && st.coll_transfer[r] ? st.coll_transfer[r][k] : null;
+    if (cw !== null && cw !== undefined && ct !== null && ct !== undefined) {
+      lines.push(`in collectives ${fmtNs(st.wait[r][k])}: waiting for the last rank ${fmtNs(cw)}, transfer ${fmtNs(ct)}`);
+    } else {
+      lines.push(`in collectives ${fmtNs(st.wait[r][k])}`);
+    }
+    const idle = st.idle && st.idle[r] ? st.idle[r][k] : null;
+    if (idle !== null && idle !== undefined) lines.push(`idle outside any span ${fmtNs(idle)}`);
+    lines.push(`the step took ${fmtNs(st.end[r][k] - st.start[r][k])}`);
     if (st.verdict.slot[k] === r) {
       const margin = st.verdict.margin_ns[k];
       const pct = fmtPct(st.verdict.margin_pct[k]);
@@ -436,6 +553,16 @@ function middleHalf(a, b) {
 function findings(doc, selectStep, bus) {
   const st = doc.steps;
   const box = el("div", { className: "findings" });
+  const said = doc.causes || [];
+  if (said.length) {
+    box.append(
+      el("div", {},
+        el("h3", { text: "Causes" }),
+        el("ul", { "data-testid": "causes" }, said.slice(0, 8).map((c) => el("li", { "data-testid": "cause", text: c }))),
+        said.length > 8 ? el("p", { className: "more", text: `${said.length - 8} more in gputrace summary --json (steps.causes)` }) : null,
+      ),
+    );
+  }
   const phases = doc.phases || [];
   if (phases.length) {
     box.append(
@@ -490,6 +617,28 @@ function niceStep(x) {
   return 10 * p;
 }
 
+// The trend's parts, bottom up, and their colours.
+const TREND_PARTS = [
+  ["work", "#8c9bb5"],
+  ["idle", "#d4d4d4"],
+  ["transfer", "#4e9a5b"],
+  ["wait", "#e8833a"],
+];
+const TREND_WORDS = { work: "work inside spans", idle: "idle outside any span", transfer: "collective transfer", wait: "waiting for the last rank" };
+
+function trendLegend() {
+  return el(
+    "div",
+    { className: "legend-box", "data-testid": "trend-legend" },
+    el("span", { text: "Step time, mean over ranks:" }),
+    TREND_PARTS.map(([part, colour]) => {
+      const sw = el("span", { className: "swatch" });
+      sw.style.background = colour;
+      return el("span", { className: "legend-item" }, sw, ` ${TREND_WORDS[part]}`);
+    }),
+  );
+}
+
 function legend() {
   const w = 160;
   const c = el("canvas", { className: "legend", width: w, height: 10 });
@@ -505,7 +654,7 @@ function legend() {
     { className: "legend-box" },
     el("span", { text: `busy −${SATURATE * 100}%` }),
     c,
-    el("span", { text: `+${SATURATE * 100}% vs the step's median` }),
+    el("span", { text: `+${SATURATE * 100}% vs the other ranks' median in the step` }),
     mark,
     el("span", { text: "called slowest (beyond the noise)" }),
   );

@@ -1,6 +1,7 @@
 // The view's state in the page's URL (after the #), so a link restores what was on screen: the
 // tab, the selection (a heatmap cell, a collective, a span name) and the heatmap's range of steps.
-// Keys: tab=heatmap|collectives|stats; sel=cell:RANK:STEP | coll:INDEX | name:SCOPE:NAME;
+// Keys: tab=heatmap|collectives|breakdown|stats; sel=cell:RANK:STEP | coll:INDEX | name:SCOPE:NAME
+// (the statistics) | bd:RANK:NAME (the breakdown matrix);
 // steps=FIRST-LAST (step numbers). Written with replaceState: the back button leaves the page.
 
 export function read() {

@@ -28,6 +28,7 @@ export function render(doc, element, bus) {
     { key: at.name, label: "name", num: false },
     { key: at.count, label: "count", num: true, fmt: fmtCount },
     { key: at.total_ns, label: "total", num: true, fmt: ns },
+    { key: at.self_total_ns, label: "self", num: true, fmt: ns, title: "the total less the time of each span's children on its own track" },
     { key: at.mean_ns, label: "mean", num: true, fmt: ns },
     { key: at.p50_ns, label: "p50", num: true, fmt: ns },
     { key: at.p90_ns, label: "p90", num: true, fmt: ns },

@@ -147,9 +147,9 @@ export function render(doc, element, bus) {
   }
 
   function rankName(slot) {
+    // As the timeline's trace names it (data.numbered): "rank 07 (host, cpu)" of 64 ranks.
     const width = String(Math.max(...doc.ranks)).length;
-    const r = doc.ranks[slot];
-    return width > 1 && /^rank \d+$/.test(doc.labels[slot]) ? `rank ${String(r).padStart(width, "0")}` : doc.labels[slot];
+    return doc.labels[slot].replace(/^rank (\d+)\b/, (_, d) => `rank ${d.padStart(width, "0")}`);
   }
 
   // Rank groups in numeric order, once per trace the UI loads.
