@@ -70,7 +70,7 @@ def test_warm_up_outliers_only() -> None:
             sp.end[i] = sp.start[i] + 3 * (sp.end[i] - sp.start[i])
     doc = data.document(trace)
     assert doc["warmup_auto"] and doc["steps"]["skipped"] == 1
-    assert doc["notes"][0].startswith("the first 1 step are left out as warm-up (the first took 3.0x")
+    assert doc["notes"][0].startswith("the first step is left out as warm-up (it took 3.0x")
     kept = data.document(trace, skip_steps=0)
     assert not kept["warmup_auto"] and kept["steps"]["skipped"] == 0
 

@@ -137,7 +137,7 @@ def test_the_page_shows_the_planted_causes(browser: Any, still_ui: server.UISour
             doc = page.evaluate("async () => (await fetch('data.json')).json()")
             st = doc["steps"]
             first = st["first"]
-            assert "first 2 steps are left out as warm-up" in page.inner_text("[data-testid=warmup-note]")
+            assert "The first 2 steps are left out as warm-up" in page.inner_text("[data-testid=warmup-note]")
 
             # The trend: the five big all-reduce steps have the tallest transfer part, drawn.
             heights = page.evaluate(

@@ -301,7 +301,7 @@ def test_warm_up_outliers_are_left_out_and_said(browser: Any, still_ui: server.U
         page = open_page(browser, url)
         try:
             note = page.inner_text("[data-testid=warmup-note]")
-            assert "first 2 steps are left out as warm-up" in note and "--skip-steps 0" in note
+            assert note.startswith("The first 2 steps are left out as warm-up") and "--skip-steps 0" in note
             assert "(first 2 skipped)" in page.inner_text("[data-testid=facts]")
         finally:
             page.close()

@@ -144,7 +144,7 @@ def document(
         "alignment": _alignment(trace, ranks),
         "timeline": _timeline(trace, summary.steps, base),
         "pids": [_pid(trace, r) for r in ranks],
-        "worst": findings.worst_steps(summary.steps) if summary.steps is not None else [],
+        "worst": _worst(summary.steps, slot),
         "phases": findings.phases(summary.steps, trace if len(trace.spans) else None)
         if summary.steps is not None
         else [],
@@ -152,10 +152,30 @@ def document(
     }
 
 
+def _worst(st: stats.Steps | None, slot: dict[int, int]) -> list[dict[str, Any]]:
+    """The worst steps, each also against the other ranks' median (`ref_ns`, `ref_pct`): the
+    number the heatmap shows, which a median over two ranks would halve."""
+    if st is None:
+        return []
+    ranks = [r for r in st.ranks if r in st.busy_ns]
+    ref = dict(zip(ranks, findings.others_median([st.busy_ns[r][: st.count] for r in ranks])))
+    out = findings.worst_steps(st)
+    for w in out:
+        v = ref[w["rank"]][w["k"]] if w["rank"] in ref else w["median_ns"]
+        w["ref_ns"] = v
+        w["ref_pct"] = 100.0 * (w["busy_ns"] - v) / v if v else None
+    return out
+
+
 def _warmup_note(k: int, factor: float) -> str:
+    if k == 1:
+        return (
+            f"the first step is left out as warm-up (it took {factor:.1f}x the median step time); "
+            "--skip-steps 0 keeps it"
+        )
     return (
-        f"the first {k} step{'s' if k != 1 else ''} are left out as warm-up (the first took {factor:.1f}x the "
-        f"median step time); --skip-steps 0 keeps them"
+        f"the first {k} steps are left out as warm-up (the first took {factor:.1f}x the median step time); "
+        "--skip-steps 0 keeps them"
     )
 
 

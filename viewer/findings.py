@@ -23,9 +23,11 @@ WORST = 20
 PHASE_MIN = 3
 PHASE_GAP = 2
 #: The first steps are warm-up when each takes more than WARMUP_FACTOR x the median step time of
-#: the rest (on the slowest rank); at most WARMUP_MAX of them are left out.
+#: the rest (on the slowest rank); at most WARMUP_MAX of them, and at most half the steps, are left
+#: out, and only from runs of at least WARMUP_MIN_STEPS steps.
 WARMUP_FACTOR = 1.5
 WARMUP_MAX = 5
+WARMUP_MIN_STEPS = 4
 
 
 def others_median(busy: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -60,15 +62,16 @@ def others_median(busy: Sequence[Sequence[int]]) -> list[list[int]]:
 def warmup_steps(st: stats.Steps) -> tuple[int, float]:
     """How many of the first steps are warm-up outliers (their step time, the slowest rank's,
     above WARMUP_FACTOR x the median of the steps after them), and the first one's factor."""
-    if st.count < 2 * WARMUP_MAX or not st.start_ns:
+    if st.count < WARMUP_MIN_STEPS or not st.start_ns:
         return 0, 0.0
+    most = min(WARMUP_MAX, st.count // 2)
     times = [max(st.end_ns[r][k] - st.start_ns[r][k] for r in st.start_ns) for k in range(st.count)]
-    rest = sorted(times[WARMUP_MAX:])
+    rest = sorted(times[most:])
     med = rest[len(rest) // 2]
     if med <= 0:
         return 0, 0.0
     k = 0
-    while k < WARMUP_MAX and times[k] > WARMUP_FACTOR * med:
+    while k < most and times[k] > WARMUP_FACTOR * med:
         k += 1
     return k, (times[0] / med if k else 0.0)
 

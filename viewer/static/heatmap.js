@@ -78,7 +78,7 @@ export function render(doc, element, bus) {
   );
   element.append(
     el("p", { className: "lead", "data-testid": "heatmap-verdict", text: verdictLine }),
-    ...(doc.warmup_auto ? [el("p", { className: "note", "data-testid": "warmup-note", text: `Warm-up left out: ${doc.notes[0]}.` })] : []),
+    ...(doc.warmup_auto ? [el("p", { className: "note", "data-testid": "warmup-note", text: `${doc.notes[0].charAt(0).toUpperCase()}${doc.notes[0].slice(1)}.` })] : []),
     el("div", { className: "legend-row" }, legend(), controls),
     el("details", { className: "rule" }, el("summary", { text: "When is a rank called slowest?" }), el("p", { text: st.rule })),
   );
@@ -599,7 +599,7 @@ function findings(doc, selectStep, bus) {
                 "data-testid": "worst-step",
                 "data-step": w.step,
                 "data-rank": w.rank,
-                text: `step ${w.step}: rank ${w.rank}, ${fmtSigned(w.margin_ns)} (${fmtPct(w.margin_pct)}) busier than the median ${fmtNs(w.median_ns)}`,
+                text: `step ${w.step}: rank ${w.rank}, ${fmtSigned(w.busy_ns - w.ref_ns)} (${fmtPct(w.ref_pct)}) busier than ${doc.ranks.length === 2 ? "the other rank" : "the other ranks' median"}, ${fmtNs(w.ref_ns)}`,
                 onclick: () => selectStep(w.rank, w.step),
               }),
             ),
