@@ -3,12 +3,21 @@ and phases in words, warm-up outliers, and the timeline trace's rank names in nu
 
 from __future__ import annotations
 
-import orjson
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
+import orjson
+from click.testing import CliRunner
+
+from gputrace.cli import main
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.viewer import data, findings
 
-from .test_viewer import BASE, STEP, make_trace
+from .test_viewer import BASE, ROOT, STEP, make_trace, write_ranks
 
 
 def test_others_median_leaves_each_rank_out() -> None:
@@ -85,3 +94,65 @@ def test_the_timeline_names_ranks_so_their_order_is_numeric() -> None:
     assert data.document(trace)["labels"][3] == "rank 3" and trace.processes[3].label == "rank 3"
     small = orjson.loads(data.timeline_trace(make_trace(3, 2), BASE))["traceEvents"]
     assert [e["args"]["name"] for e in small if e.get("name") == "process_name"] == ["rank 0", "rank 1", "rank 2"]
+
+
+def _report_doc(path: Path) -> dict[str, Any]:
+    payload = re.search(r'id="gputrace-data">(.*?)</script>', path.read_text(), re.S)
+    assert payload is not None
+    return dict(orjson.loads(payload.group(1)))
+
+
+def _warm_trace() -> Trace:
+    """Three ranks, 20 steps, the first two 3x as long on every rank."""
+    trace = make_trace(3, 20)
+    sp = trace.spans
+    for i in range(len(sp)):
+        if sp.start[i] < BASE + 2 * STEP:
+            sp.end[i] = sp.start[i] + 3 * (sp.end[i] - sp.start[i])
+    return trace
+
+
+def test_view_leaves_warm_up_out_unless_skip_steps_is_given(tmp_path: Path) -> None:
+    paths = write_ranks(_warm_trace(), tmp_path)
+    out = tmp_path / "auto.html"
+    res = CliRunner().invoke(main, ["view", *paths, "--export", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = _report_doc(out)
+    assert doc["steps"]["skipped"] == 2 and doc["warmup_auto"] and "--skip-steps 0" in doc["notes"][0]
+    kept = tmp_path / "kept.html"
+    res = CliRunner().invoke(main, ["view", *paths, "--export", str(kept), "--skip-steps", "0"])
+    assert res.exit_code == 0, res.output
+    doc = _report_doc(kept)
+    assert doc["steps"]["skipped"] == 0 and not doc["warmup_auto"]
+    # The same through a real process.
+    real = tmp_path / "real.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "gputrace.cli", "view", *paths, "--export", str(real)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    doc = _report_doc(real)
+    assert doc["steps"]["skipped"] == 2 and doc["phases"] == [] and doc["worst"] == []
+    assert doc["steps"]["trend"]["work"] and len(doc["steps"]["trend"]["work"]) == 18
+
+
+def test_the_trend_adds_up_to_the_mean_step_time() -> None:
+    doc = data.document(make_trace(4, 10, {2: {3, 4}}))
+    st = doc["steps"]
+    tr = st["trend"]
+    for k in range(st["count"]):
+        total = tr["work"][k] + tr["idle"][k] + tr["transfer"][k] + tr["wait"][k]
+        mean = sum(st["end"][s][k] - st["start"][s][k] for s in range(4)) / 4
+        assert abs(total - mean) <= 4  # integer division per part
+    # In the slow steps the others wait for rank 2: the waiting part grows, transfer does not.
+    assert tr["wait"][3] > 10 * tr["wait"][0] and tr["transfer"][3] == tr["transfer"][0]
+    assert st["coll_wait"][0][3] + st["coll_transfer"][0][3] == st["wait"][0][3]
+    totals = st["totals"]
+    assert totals["collective_wait_ns"][0] == sum(st["coll_wait"][0])
+    cols = doc["stats"]["columns"]
+    assert "self_total_ns" in cols
+    by_name = {r[0]: r for r in doc["stats"]["names"]}
+    assert by_name["compute"][cols.index("self_total_ns")] == by_name["compute"][cols.index("total_ns")]
