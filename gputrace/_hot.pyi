@@ -121,6 +121,33 @@ def digest_fold(
     bounds: array[int],
     /,
 ) -> Any: ...
+def digest_cover(
+    names: array[int],
+    tracks: array[int],
+    starts: array[int],
+    ends: array[int],
+    skip: bytes | None,
+    row_mask: bytes,
+    step_starts: array[int],
+    step_ends: array[int],
+    step_tracks: array[int],
+    /,
+) -> tuple[list[int], list[int], list[int]]: ...
+def digest_nest(
+    names: array[int],
+    tracks: array[int],
+    starts: array[int],
+    ends: array[int],
+    skip: bytes | None,
+    step_starts: array[int],
+    bucket: int,
+    nb: int,
+    carry_tracks: array[int],
+    carry_starts: array[int],
+    carry_ends: array[int],
+    floor: array[int],
+    /,
+) -> Any: ...
 
 class DisabledSpan:
     name: str

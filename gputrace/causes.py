@@ -5,13 +5,16 @@ Gives: sentences (`causes`), e.g. "rank 2 slowest in steps 40-44: 30.0 ms idle o
 a step (the others 0.1 ms)" and "every rank: all_reduce transfer +18.0 ms a step in steps
 20-29", most time first. Two kinds:
 
-- a rank called slowest in a run of consecutive steps: what its busy time went to beyond the
-  other ranks' in those steps: idle outside any span, or work inside spans, and the launch lag
-  when it grew too;
+- a rank called slowest in a run of consecutive steps, by more than the noise: what its busy
+  time went to beyond the other ranks' in those steps: idle outside any span, or work inside
+  spans, and the launch lag when it grew too;
 - a run of consecutive steps in which every rank spent more than usual (beyond its own median
   step) on one part of the step: collective transfer (named by the collective whose transfer
-  grew most), waiting in collectives, idle, or work inside spans. A part counts as raised when
-  every rank's excess is above RAISED_PCT of the median step time.
+  grew most), waiting in collectives, idle, or work inside spans.
+
+"More than the noise": above RAISED_PCT of the median step time, and above NOISE_MADS times the
+part's own spread from step to step (its median absolute deviation, the median over ranks), so
+that a loaded machine's jitter is not called a cause.
 """
 
 from __future__ import annotations
@@ -22,8 +25,15 @@ from statistics import median
 from gputrace.stats import Collectives, Steps, fmt_ns
 
 #: A part of the step is raised on every rank when each rank's excess over its own median is
-#: more than this share of the median step time.
+#: more than this share of the median step time (and than NOISE_MADS spreads).
 RAISED_PCT = 5.0
+NOISE_MADS = 4
+
+
+def _mad(v: Sequence[int]) -> float:
+    """The median absolute deviation of v from its median."""
+    m = median(v)
+    return float(median(abs(x - m) for x in v))
 
 
 def _runs(ks: Sequence[int]) -> list[tuple[int, int]]:
@@ -55,10 +65,14 @@ def causes(st: Steps, co: Collectives | None = None) -> list[str]:
         r: [None if i is None else b - i for b, i in zip(st.busy_ns[r], st.idle_ns[r])] for r in ranks
     }
 
-    # A rank slowest in consecutive steps.
+    lengths = sorted(e - s for r in ranks for s, e in zip(st.start_ns[r], st.end_ns[r]))
+    floor = lengths[len(lengths) // 2] * RAISED_PCT / 100
+
+    # A rank slowest in consecutive steps, by more than the noise of busy times.
+    busy_noise = max(floor, NOISE_MADS * median(_mad(st.busy_ns[r]) for r in ranks))
     by_rank: dict[int, list[int]] = {}
     for k, v in enumerate(st.verdicts):
-        if v.called:
+        if v.called and v.margin_ns > busy_noise:
             by_rank.setdefault(v.rank, []).append(k)
     for r, ks in by_rank.items():
         for a, b in _runs(ks):
@@ -89,8 +103,6 @@ def causes(st: Steps, co: Collectives | None = None) -> list[str]:
             found.append((margin * len(span), f"rank {r} slowest in {_steps_text(st, a, b)}: {why}"))
 
     # Every rank spending more on one part of the step in consecutive steps.
-    lengths = sorted(e - s for r in ranks for s, e in zip(st.start_ns[r], st.end_ns[r]))
-    threshold = lengths[len(lengths) // 2] * RAISED_PCT / 100
     transfer_name = _transfer_names(st, co)
     parts_of: list[tuple[dict[int, list[int]] | dict[int, list[int | None]], Callable[[int, int], str]]] = [
         (st.collective_transfer_ns, lambda a, b: f"{transfer_name(a, b)} transfer"),
@@ -103,6 +115,7 @@ def causes(st: Steps, co: Collectives | None = None) -> list[str]:
         if any(len(v) != st.count for v in cols.values()):
             continue  # not known on some rank
         base = {r: median(v) for r, v in cols.items()}
+        threshold = max(floor, NOISE_MADS * median(_mad(v) for v in cols.values()))
         raised = [k for k in range(st.count) if min(cols[r][k] - base[r] for r in ranks) > threshold]
         for a, b in _runs(raised):
             n = b - a + 1

@@ -46,6 +46,7 @@ from operator import sub
 from typing import Any
 
 from gputrace import native, stats
+from gputrace.digest_breakdown import Local
 from gputrace.errors import GputraceError, GputraceWarning
 from gputrace.trace import digestfile
 from gputrace.trace.digestfile import COLL, COLL_TRUE, FORMAT, UNFINISHED, digest_path
@@ -117,6 +118,10 @@ class Builder:
             array("q"),
             [],
         )
+        # Their host entry times, once a chunk had them (0: not known).
+        self._entry: array[int] | None = None
+        # The step breakdown's and self time's part (`gputrace.digest_breakdown`).
+        self.local = Local()
 
     # names and tracks of the digest (chunks come with their own indices)
 
@@ -151,6 +156,10 @@ class Builder:
         own = [procs[t.process].rank is not None and not procs[t.process].foreign for t in trace.tracks]
         tmap = [self._track(t) if ok else -1 for t, ok in zip(trace.tracks, own)]
         b = self._batch
+        if sp.entry is not None or self._entry is not None:
+            if self._entry is None:
+                self._entry = array("q", bytes(8 * len(b[0])))
+            self._entry.extend(sp.entry[lo:hi] if sp.entry is not None else array("q", bytes(8 * (hi - lo))))
         same = remap == list(range(len(remap))) and tmap == list(range(len(tmap)))
         if same and not whole and not len(b[0]) and hi - lo >= BATCH_SPANS:
             # A whole batch of a trace read in batches: its slices (copies already) are the batch.
@@ -172,6 +181,7 @@ class Builder:
         span only for the few spans with args."""
         names, tracks, start, end, args = self._batch
         self._batch = (array("l"), array("l"), array("q"), array("q"), [])
+        entry, self._entry = self._entry, None
         n = len(names)
         if not n:
             return
@@ -216,9 +226,20 @@ class Builder:
             r[4].extend([flags.get(i, 0) for i in rows] if flags else repeat(0, len(rows)))
         step_id = self._name_index.get(self.step_name)
         if step_id is not None:
-            steps = [start[i] for i in rows if names[i] == step_id and not (skip and skip[i])]
+            done = [i for i in rows if names[i] == step_id and not (skip and skip[i])]
+            steps = [start[i] for i in done]
             if steps:
+                self.local.steps(steps, [end[i] for i in done], [tracks[i] for i in done])
                 self._steps_seen(steps)
+        # The cover leaves out the rows (the marked collectives among them) and the unfinished.
+        cover_skip = skipped
+        if marked:
+            cs = bytearray(skipped) if skipped is not None else bytearray(n)
+            for i in marked:
+                cs[i] = 1
+            cover_skip = bytes(cs)
+        cuda = [t[2] == "cuda" for t in self.tracks]
+        self.local.work(names, tracks, start, end, cover_skip, bytes(row_name), entry, cuda)
         if self.split is None:
             # The batch waits whole (its columns are the builder's own now); spans the statistics
             # leave out are dropped from it first, so only kept spans count towards BUFFER_SPANS.
@@ -249,11 +270,11 @@ class Builder:
             self.split = self.step_starts[-1]
             self._drain(self.aggs, None)
 
-    def _drain(self, aggs: dict[int, list[Any]], bucket: int | None) -> None:
-        """The buffered spans into `aggs`, each in its warm-up bucket (or all in `bucket`),
-        batch by batch in the order they came."""
+    def _drain(self, aggs: dict[int, list[Any]], bucket: int | None, local: Local | None = None) -> None:
+        """The buffered spans into `aggs` (and `local`), each in its warm-up bucket (or all in
+        `bucket`), batch by batch in the order they came."""
         for names, tracks, starts, ends in self._buffer:
-            self._fold(aggs, names, tracks, starts, ends, None, bucket)
+            self._fold(aggs, names, tracks, starts, ends, None, bucket, local)
         if aggs is self.aggs:
             self._buffer = []
             self._buffered = 0
@@ -267,13 +288,16 @@ class Builder:
         ends: array[int],
         skip: bytes | None,
         bucket: int | None,
+        local: Local | None = None,
     ) -> None:
-        """Spans into `aggs`: each in its warm-up bucket by the step starts known (past the
-        split: the last bucket), or all in `bucket`. The loop gives one partial aggregate per
-        key; Python runs per key and per histogram cell, not per span."""
+        """Spans into `aggs` and their children's time into `local` (default: the builder's):
+        each in its warm-up bucket by the step starts known (past the split: the last bucket),
+        or all in `bucket`. The loop gives one partial aggregate per key; Python runs per key
+        and per histogram cell, not per span."""
         if bucket is None:
             bucket = -1 if self.warmup_exact else _REST
         steps = array("q", self.step_starts)
+        (local or self.local).nest(names, tracks, starts, ends, skip, steps, bucket, _NB)
         keys, counts, totals, least, longest, at, on, hkey, hbucket, hcount = _fold_spans(
             names, tracks, starts, ends, skip, steps, bucket, _NB, _BOUND_COLUMN
         )
@@ -303,9 +327,11 @@ class Builder:
         header carries it (rank, world_size, run_id, clock, ...). Building may go on after."""
         self._work()
         aggs = self.aggs
+        local = self.local
         if self._buffered:  # fewer steps than the split needs: bucket by the ones known
             aggs = {k: [*v[:6], Counter(v[6])] for k, v in aggs.items()}
-            self._drain(aggs, None if self.warmup_exact else _REST)
+            local = local.copy()
+            self._drain(aggs, None if self.warmup_exact else _REST, local)
         r_name, r_track, r_start, r_end, r_flags = self.rows
         starts = list(r_start)
         deltas = list(map(sub, starts, [base_ns, *starts[:-1]]))
@@ -355,7 +381,9 @@ class Builder:
                 "max_start": [a[4] - base_ns for a in entries],
                 "max_track": [a[5] for a in entries],
                 "hist": [[x for b in sorted(a[6]) for x in (b, a[6][b])] for a in entries],
+                "self": local.self_column(keys, [a[1] for a in entries], _NB),
             },
+            **local.document(base_ns),
             "metadata": metadata,
         }
 

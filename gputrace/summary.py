@@ -36,7 +36,7 @@ from gputrace.trace.digestfile import (
     read,
     step_name_of,
 )
-from gputrace.trace.model import Trace
+from gputrace.trace.model import SpanColumns, Trace
 
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
@@ -118,8 +118,8 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
                 d = None
             except TraceFormatError:  # cut short (digests are not fsynced): its trace has it all
                 d = None
-            if d is not None and (not fresh(d, t) or d.step_name != step_name):
-                d = None
+            if d is not None and (not fresh(d, t) or d.step_name != step_name or d.version < 2):
+                d = None  # stale, or of an older version whose breakdown the trace can give
         if d is None:
             d = from_document(from_trace(registry.read(t), step_name, t), t)
             d.computed = True
@@ -188,8 +188,19 @@ def summarize(
     if require_step and not any(_has_steps(d) for d in digests):
         raise stats.UnknownStepError(_unknown_step(step, digests))
     kept_tracks = {d.rank: [t.kind for t in d.trace.tracks] if d.trace is not None else [] for d in digests}
+    old = {d.rank for d in digests if d.version < 2}
+    lags = {d.rank: d.launch_lag for d in digests}
     trace, maps = load(digests, allow_mixed)
-    s = stats.summarize(trace, step, skip_steps)
+    s = stats.summarize(trace, step, skip_steps, unknown_breakdown=old)
+    _drop_cover(trace)
+    if s.steps is not None:
+        st = s.steps
+        # Launch lags were found on the rank (a digest keeps no host entry times).
+        launch: dict[int, list[int | None]] = {}
+        for r in st.ranks:
+            got = (lags[r] or [])[st.skipped : st.skipped + st.count]
+            launch[r] = got if r not in old and len(got) == st.count else [None] * st.count
+        s = dataclasses.replace(s, steps=dataclasses.replace(st, launch_lag_ns=launch))
     # Which warm-up buckets each rank keeps: spans starting at or after its step `skip_steps`.
     notes = list(s.notes)
     cut: dict[int, int] = {}
@@ -220,6 +231,11 @@ def summarize(
             stats.warmup_note(skip_steps, step, sum(warm.values())),
             len(notes),
         )
+    if old:
+        notes.append(
+            f"the digests of ranks {_ranges(sorted(old))} are of an older version, without their traces: their idle, "
+            "exposed collective and launch lag times and self times are not known (--full reads the traces)"
+        )
     if inexact:
         notes.append(
             f"the span statistics of ranks {_ranges(inexact)} include their warm-up: their digests tell "
@@ -229,6 +245,25 @@ def summarize(
     if negative:
         notes.append(f"{negative} spans that end before they start were left out (Perfetto drops them too)")
     return trace, dataclasses.replace(s, names=names, by_rank=by_rank, counts=counts, notes=notes)
+
+
+def _drop_cover(trace: Trace) -> None:
+    """The digests' cover spans out of the merged trace: they were for the breakdown only, not
+    spans of the run (the trace returned is the step and collective spans)."""
+    sp = trace.spans
+    keep = [i for i, a in enumerate(sp.args) if not (a and a.get("cover"))]
+    if len(keep) == len(sp):
+        return
+    out = SpanColumns()
+    out.extend(
+        [sp.name[i] for i in keep],
+        [sp.track[i] for i in keep],
+        [sp.start[i] for i in keep],
+        [sp.end[i] for i in keep],
+        [sp.args[i] for i in keep],
+        [sp.cat[i] for i in keep],
+    )
+    trace.spans = out
 
 
 def _has_steps(d: RankDigest) -> bool:
@@ -291,9 +326,11 @@ def _name_stats(
             kept[r] += n
             a = by_name.setdefault(name, {}).get(r)
             if a is None:
-                a = by_name[name][r] = [0, 0, st["min"][k], -1, 0, 0, Counter()]
+                a = by_name[name][r] = [0, 0, st["min"][k], -1, 0, 0, Counter(), 0]
             a[0] += n
             a[1] += st["total"][k]
+            own = st["self"][k] if st["self"] is not None else None
+            a[7] = None if own is None or a[7] is None else a[7] + own
             a[2] = min(a[2], st["min"][k])
             if st["max"][k] > a[3]:
                 a[3], a[4], a[5] = st["max"][k], st["max_start"][k], st["max_track"][k]
@@ -309,7 +346,8 @@ def _name_stats(
         for r, a in sorted(ranks.items()):
             ex = exact_rank[r].get(name)
             if ex is not None and ex.count == a[0]:
-                by_rank[r].append(ex)
+                # Exact but for self time: a digest's spans are not all the rank's.
+                by_rank[r].append(dataclasses.replace(ex, self_total_ns=a[7]))
                 insts[r] = ex.slowest
                 continue
             complete = False
@@ -320,7 +358,7 @@ def _name_stats(
             insts[r] = inst
             by_rank[r].append(_row(name, {r: a}, inst))
         if complete and name in exact_all:
-            rows.append(exact_all[name])
+            rows.append(dataclasses.replace(exact_all[name], self_total_ns=_self_sum(ranks)))
         else:
             longest = max(ranks, key=lambda r: (ranks[r][3], -r))
             rows.append(_row(name, ranks, insts[longest]))
@@ -329,6 +367,11 @@ def _name_stats(
     for v in by_rank.values():
         v.sort(key=order)
     return rows, by_rank, kept, warm
+
+
+def _self_sum(ranks: dict[int, list[Any]]) -> int | None:
+    own = [a[7] for a in ranks.values()]
+    return None if any(x is None for x in own) else sum(own)
 
 
 def _row(name: str, ranks: dict[int, list[Any]], slowest: stats.Instance) -> stats.NameStats:
@@ -340,7 +383,7 @@ def _row(name: str, ranks: dict[int, list[Any]], slowest: stats.Instance) -> sta
     lo_v = min(a[2] for a in ranks.values())
     hi_v = max(a[3] for a in ranks.values())
     p50, p90, p99 = (_percentile(hist, count, q, lo_v, hi_v) for q in (50, 90, 99))
-    return stats.name_row(name, count, (p50, p90, p99), hi_v, totals, slowest)
+    return stats.name_row(name, count, (p50, p90, p99), hi_v, totals, slowest, _self_sum(ranks))
 
 
 def _percentile(hist: Counter[int], n: int, q: int, lo: int, hi: int) -> int:

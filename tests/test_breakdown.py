@@ -5,14 +5,21 @@ gloo runs with planted causes that the text says in words."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from array import array
 from typing import Any
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
-from gputrace import stats
+import gputrace
+from gputrace import digest, digest_breakdown, stats, summary
 from gputrace.cli import main
+from gputrace.trace import chrome, digestfile
 from gputrace.trace.model import Process, Trace, Track
 from tests.test_stats import rank_file, steps_of
 
@@ -235,3 +242,284 @@ def test_the_text_says_the_causes_in_words_and_has_a_self_column() -> None:
         "every rank: all_reduce transfer +18.000 ms a step in steps 20-29",
         "rank 2 slowest in steps 40-44: 31.000 ms idle outside any span a step (the others 1.000 ms)",
     ]
+
+
+# ---- the same numbers from digests as from traces -----------------------------------------------
+
+
+def rank_trace(rank: int, world: int = 3, steps: int = 30, entries: bool = True, phase: bool = False) -> Trace:
+    """One rank's trace with every shape the breakdown meets: an epoch around the steps on their
+    thread, nested ops, gaps, work on two CUDA streams (with host entry times), a marked
+    all_reduce on a third stream arriving at rank-dependent times, a data wait named like a
+    collective but marked collective=False, a loader thread, and rank 1 idle in steps 20-24."""
+    meta = {
+        "gputrace_version": gputrace.__version__,
+        "rank": rank,
+        "world_size": world,
+        "run_id": "bd",
+        "spans_dropped": 0,
+    }
+    t = Trace(dict(meta))
+    p = t.add_process(Process(rank + 1, rank, f"rank {rank}", rank, meta))
+    main = t.add_track(Track(p, 1, "main", "cpu"))
+    loader = t.add_track(Track(p, 2, "loader", "cpu"))
+    s7 = t.add_track(Track(p, 3, "cuda:0 stream 7", "cuda", 0, 7))
+    s8 = t.add_track(Track(p, 4, "cuda:0 stream 8", "cuda", 0, 8))
+    s13 = t.add_track(Track(p, 5, "cuda:0 stream 13", "cuda", 0, 13))
+    entry: list[int] = []
+    step_len = 1_000_000
+
+    def add(name: str, track: int, s: int, e: int, args: dict[str, Any] | None = None, x: int = 0) -> None:
+        t.add_span(name, track, B + s, B + e, args)
+        entry.append(B + x if x else 0)
+
+    for k in range(steps):
+        a = k * step_len
+        idle = 200_000 if rank == 1 and 20 <= k <= 24 else 0
+        w = 100_000 + 7_000 * ((k * 31 + rank * 17) % 5)
+        add("wait_data", main, a + 1_000, a + 5_000 + rank, {"collective": False})
+        for i in range(3):
+            add("op", main, a + 10_000 + i * 20_000, a + 25_000 + i * 20_000)
+        add("fwd", main, a + 10_000, a + 10_000 + w)
+        add("compute", s7, a + 30_000 + idle, a + 30_000 + w + idle, None, a + 12_000 + idle)
+        add("copy", s8, a + 40_000 + idle, a + 60_000 + idle, None, a + 11_000 + idle if k % 3 else 0)
+        arrive = a + 200_000 + idle + rank * 3_000 + (150_000 if 10 <= k <= 14 else 0) * 0
+        last = a + 200_000 + (200_000 if 20 <= k <= 24 else 0) + (world - 1) * 3_000
+        tail = 50_000 + (300_000 if 10 <= k <= 14 else 0)
+        add("all_reduce", s13, arrive, last + tail, {"collective": True})
+        add("bwd", main, a + 150_000 + idle, a + 180_000 + idle)
+        add("load", loader, a + 500_000, a + 520_000)
+        add("step", main, a, a + 900_000)
+        if phase and k == 14:  # around steps 5-14, written as it ends
+            add("phase", main, 5 * step_len, 15 * step_len - 50_000)
+    add("epoch", main, -10, steps * step_len)
+    if entries:
+        t.spans.entry = array("q", entry)
+    t.metadata["base_ns"] = B - 10
+    return t
+
+
+def same_breakdown(a: stats.Summary, b: stats.Summary, lags: bool = True) -> None:
+    assert a.steps is not None and b.steps is not None
+    for key in ("busy_ns", "wait_ns", *BREAKDOWN):
+        if key == "launch_lag_ns" and not lags:
+            continue
+        assert getattr(a.steps, key) == getattr(b.steps, key), key
+    assert {x.name: x.self_total_ns for x in a.names} == {x.name: x.self_total_ns for x in b.names}
+    for r in a.ranks:
+        assert {x.name: x.self_total_ns for x in a.by_rank[r]} == {x.name: x.self_total_ns for x in b.by_rank[r]}
+
+
+def test_digests_give_the_breakdown_and_self_times_of_the_traces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for r in range(3):
+        trace = rank_trace(r, entries=False)
+        path = str(tmp_path / f"trace_rank{r}.json")
+        chrome.write(trace, path)
+        assert digest.write_for_trace(trace, path, "step") is not None
+    for skip in (0, 3):
+        full = summary.summary_of_files([str(tmp_path)], skip_steps=skip, full=True)
+        dig = summary.summary_of_files([str(tmp_path)], skip_steps=skip)
+        assert "read from the ranks' digests" in dig.notes[0]
+        same_breakdown(full, dig)
+        st = full.steps
+        assert st is not None
+        assert all(x is not None for r in st.ranks for x in st.idle_ns[r])
+        # the planted idle: rank 1 in steps 20-24, others not
+        assert (
+            min(st.idle_ns[1][k - skip] for k in range(20, 25))
+            > max(st.idle_ns[0][k - skip] for k in range(20, 25)) + 50_000
+        )
+    text = stats.table(dig, width=140)
+    assert "rank 1 slowest in steps 20-24" in text and "idle outside any span" in text
+    assert "every rank: all_reduce transfer +300.000 ms" not in text
+    assert "every rank: all_reduce transfer +300.0 us a step in steps 10-14" in text
+
+
+@pytest.mark.parametrize("loops", ["c", "python"])
+@pytest.mark.parametrize("batch", [7, 1 << 14])
+def test_a_digest_built_in_batches_has_the_launch_lags_and_self_times_of_the_whole_trace(
+    monkeypatch: pytest.MonkeyPatch, loops: str, batch: int
+) -> None:
+    if loops == "python":
+        monkeypatch.setattr(digest_breakdown, "_cover_c", None)
+        monkeypatch.setattr(digest_breakdown, "_nest_c", None)
+        monkeypatch.setattr(digest, "_rows_c", None)
+        monkeypatch.setattr(digest, "_fold_c", None)
+    elif digest_breakdown._nest_c is None:
+        pytest.skip("the C build is not in use")
+    monkeypatch.setattr(digest, "BATCH_SPANS", batch)
+    monkeypatch.setattr(digest_breakdown, "CARRY_SPANS", 8 if batch == 7 else 1 << 16)
+    trace = rank_trace(0)
+    full = stats.summarize(trace)
+    b = digest.Builder("step")
+    sp = trace.spans
+    assert sp.entry is not None
+    for lo in range(0, len(sp), 11):  # chunks of 11 spans, each with its entry times
+        part = Trace(dict(trace.metadata))
+        part.processes, part.tracks, part.names = trace.processes, trace.tracks, trace.names
+        for i in range(lo, min(lo + 11, len(sp))):
+            part.spans.append(sp.name[i], sp.track[i], sp.start[i], sp.end[i], sp.args[i])
+        part.spans.entry = sp.entry[lo : lo + 11]
+        b.add(part)
+    doc = b.document(dict(trace.processes[0].metadata), B - 10, "rank 0")
+    assert doc == digest.from_trace(trace, "step") | {"trace": None, "trace_bytes": None} or batch == 7
+    dig = summary.summarize([digestfile.from_document(doc, "rank0.digest")])[1]
+    same_breakdown(full, dig)
+    st = dig.steps
+    assert st is not None
+    assert st.launch_lag_ns[0][:3] == [30_000 - 12_000, 40_000 - 11_000, 40_000 - 11_000]
+
+
+def test_a_parent_of_some_summed_up_spans_has_its_self_time_unknown_not_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(digest, "BATCH_SPANS", 7)
+    monkeypatch.setattr(digest_breakdown, "CARRY_SPANS", 8)
+    trace = rank_trace(0, steps=20, phase=True)
+    full = stats.summarize(trace)
+    dig = summary.summarize([digestfile.from_document(digest.from_trace(trace, "step"), "r.digest")])[1]
+    got = {x.name: x.self_total_ns for x in dig.names}
+    want = {x.name: x.self_total_ns for x in full.names}
+    assert got["phase"] is None and want["phase"] is not None
+    assert got["epoch"] is None  # it encloses the phase, which took some of the spans summed up
+    assert all(got[n] in (None, want[n]) for n in want)  # unknown, never wrong
+    assert all(got[n] == want[n] for n in ("compute", "copy", "all_reduce", "load", "op"))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(seed: int) -> None:
+    """Random columns: nested, overlapping, equal and inverted spans on a few tracks, other
+    tools' and left-out ones, steps and their ancestors, carried spans and a floor."""
+    import random
+
+    if digest_breakdown._cover_c is None or digest_breakdown._nest_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 60, 3000])
+    names = array("l", (rng.randrange(6) for _ in range(n)))
+    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
+    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
+    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
+    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
+    mask = bytes(rng.random() < 0.3 for _ in range(6))
+    k = rng.randrange(0, 20)
+    ss = sorted(rng.randrange(10**6) for _ in range(k))
+    se = array("q", (s + rng.randrange(10**5) for s in ss))
+    st = array("q", (rng.randrange(4) for _ in ss))
+    cover = (names, tracks, starts, ends, skip, mask, array("q", ss), se, st)
+    assert digest_breakdown._cover_c(*cover) == digest_breakdown._cover_py(*cover)
+    carry = sorted((rng.randrange(5), rng.randrange(10**6)) for _ in range(rng.randrange(0, 30)))
+    ct = array("q", (t for t, _ in carry))
+    cs = array("q", (s for _, s in carry))
+    ce = array("q", (s + rng.randrange(10**4) for s in cs))
+    floor = array("q", (rng.choice([-(2**63), rng.randrange(10**6)]) for _ in range(rng.randrange(0, 5))))
+    for bucket in (-1, 0, digest._REST):
+        args = (names, tracks, starts, ends, skip, array("q", ss[:17]), bucket, digest._NB, ct, cs, ce, floor)
+        c, py = digest_breakdown._nest_c(*args), digest_breakdown._nest_py(*args)
+        assert c == py
+        if n > 100:
+            assert sum(py[1]) > 0 and len(py[2]) > 0
+
+
+# ---- real gloo runs with planted causes ---------------------------------------------------------
+
+WORLD = 3
+BIG = range(20, 30)  # every rank's all_reduce 16x larger
+IDLE = range(40, 45)  # rank 2 sleeps outside any span
+STEPS = 50
+
+
+def worker(out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    gputrace.enable(cuda=False, out_dir=out)
+    gputrace.sync_clocks(exchanges=8)
+    small, big = torch.ones(1 << 18), torch.ones(1 << 22)
+    for k in range(STEPS):
+        with gputrace.span("step", step=k):
+            with gputrace.span("fwd"):
+                time.sleep(0.004)
+            if rank == 2 and k in IDLE:
+                time.sleep(0.03)  # inside the step, outside any span
+            with gputrace.span("all_reduce", collective=True):
+                dist.all_reduce(big if k in BIG else small)
+        if k % 5 == 4:
+            gputrace.flush()
+    gputrace.save()
+    print(orjson.dumps({"rank": rank, "pid": os.getpid()}).decode(), flush=True)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from .conftest import run_rank_processes
+
+    out = tmp_path_factory.mktemp("planted")
+    run_rank_processes(["tests.test_breakdown", "worker", str(out)], WORLD)
+    return out
+
+
+@pytest.mark.dist
+def test_planted_causes_in_real_gloo_runs_are_found_and_said(planted: Any) -> None:
+    out = str(planted)
+    assert sorted(p.name for p in planted.glob("digest_rank*.digest")) == [
+        f"digest_rank{r}.digest" for r in range(WORLD)
+    ]
+    runs = {}
+    for extra in ([], ["--full"]):
+        r = CliRunner().invoke(main, ["summary", "--json", *extra, out])
+        assert r.exit_code == 0, r.output
+        runs[bool(extra)] = orjson.loads(r.output)
+    dig, full = runs[False], runs[True]
+    assert "read from the ranks' digests" in dig["notes"][0] and "digests" not in full["notes"][0]
+    for key in ("busy_ns", "wait_ns", *BREAKDOWN):
+        assert dig["steps"][key] == full["steps"][key], key
+    assert {x["name"]: x["self_total_ns"] for x in dig["names"]} == {
+        x["name"]: x["self_total_ns"] for x in full["names"]
+    }
+    st = full["steps"]
+    assert st["count"] == STEPS
+    for r in map(str, range(WORLD)):
+        tr = st["collective_transfer_ns"][r]
+        inside = sorted(tr[k] for k in BIG)
+        outside = sorted(tr[k] for k in range(STEPS) if k not in BIG)
+        assert inside[0] > 2 * outside[len(outside) // 2], (r, inside, outside)
+        assert all(x is None for x in st["launch_lag_ns"][r])  # no CUDA spans
+    idle = st["idle_ns"]
+    assert min(idle["2"][k] for k in IDLE) > 25_000_000
+    assert max(idle[r][k] for r in ("0", "1") for k in IDLE) < 10_000_000
+    # the self time of a step is what is outside its fwd and all_reduce: rank 2's sleeps in it
+    step_self = next(x for x in full["by_rank"]["2"] if x["name"] == "step")["self_total_ns"]
+    assert step_self > 5 * 30_000_000
+    # Said in words; on a loaded machine a neighbouring step may join the run, not more.
+    causes = st["causes"]
+
+    def run_of(pattern: str) -> tuple[int, int]:
+        for c in causes:
+            m = re.match(pattern, c)
+            if m:
+                return int(m.group(1)), int(m.group(2) or m.group(1))
+        raise AssertionError(causes)
+
+    a, b = run_of(r"every rank: all_reduce transfer \+[0-9.]+ ms a step in steps? (\d+)(?:-(\d+))?$")
+    assert a <= BIG[0] and b >= BIG[-1] and b - a <= len(BIG) + 1
+    a, b = run_of(r"rank 2 slowest in steps? (\d+)(?:-(\d+))?: [0-9.]+ ms idle outside any span")
+    assert a <= IDLE[0] and b >= IDLE[-1] and b - a <= len(IDLE) + 1
+    text = subprocess.run(
+        [sys.executable, "-m", "gputrace", "summary", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    assert text.returncode == 0, text.stderr
+    assert "every rank: all_reduce transfer +" in text.stdout and "rank 2 slowest in step" in text.stdout
+    assert "self" in text.stdout.splitlines()[0].split()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "worker":
+        worker(sys.argv[2])

@@ -1,5 +1,6 @@
 /* The digest's loops: the per-span work of digest.Builder over a recorder's columns
- * (digest_rows, digest_fold), and reading an int64 column where it lies. */
+ * (digest_rows, digest_fold; digest_cover and digest_nest for digest_breakdown.Local), and reading
+ * an int64 column where it lies. */
 #include "hot.h"
 
 /* ---- per-rank digests: the per-span loops of digest.Builder ------------------------------------ */
@@ -349,9 +350,312 @@ out:
     return result;
 }
 
+/* ---- the step breakdown's and self time's loops (digest_breakdown.py) ---------------------------- */
+
+/* A growable column of int64. */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static int vec_push(Vec *x, long long a) {
+    if (x->n == x->cap) {
+        Py_ssize_t cap = x->cap ? 2 * x->cap : 64;
+        long long *g = PyMem_Realloc(x->v, sizeof(long long) * (size_t)cap);
+        if (!g) { PyErr_NoMemory(); return -1; }
+        x->v = g;
+        x->cap = cap;
+    }
+    x->v[x->n++] = a;
+    return 0;
+}
+
+static void vec_free(Vec *x) {
+    PyMem_Free(x->v);
+    x->v = NULL;
+    x->n = x->cap = 0;
+}
+
+/* bisect.bisect_left(a[0:n], x) */
+static Py_ssize_t bisect_left_ll(const long long *a, Py_ssize_t n, long long x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* An int64 column of any length (array.array 'q', read in place where it can be). */
+typedef struct {
+    PyObject *keep;
+    const long long *v;
+    Py_ssize_t n;
+} Col;
+
+static int col_read(Col *c, PyObject *o) {
+    c->keep = NULL;
+    c->v = (const long long *)gt_column_items(o, &c->n, &c->keep);
+    return c->v ? 0 : -1;
+}
+
+/* The columns the comparators below read: qsort has no context argument everywhere, and the GIL
+ * is held throughout (no Python code runs while they sort). */
+static const Cols *sort_cols;
+
+/* The cover's order: by track, start, end, then as given. */
+static int cover_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] < c->start[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* The nesting order: by track, end, start descending, then as given. */
+static int nest_cmp(const void *a, const void *b) {
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
+    const Cols *c = sort_cols;
+    if (c->track[i] != c->track[j]) return c->track[i] < c->track[j] ? -1 : 1;
+    if (c->end[i] != c->end[j]) return c->end[i] < c->end[j] ? -1 : 1;
+    if (c->start[i] != c->start[j]) return c->start[i] > c->start[j] ? -1 : 1;
+    return i < j ? -1 : (i > j);
+}
+
+/* Sort span indices by `cmp` (track first): a stable counting sort by track, then an insertion
+ * sort within each track, which is near linear for spans that come nearly in order, as a
+ * recorder's do (children before their parents); a track whose spans need more moves than a few
+ * per span is sorted by qsort instead. */
+static int sort_spans(Py_ssize_t *idx, Py_ssize_t m, const Cols *c, int (*cmp)(const void *, const void *)) {
+    sort_cols = c;
+    long long maxt = -1;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (c->track[idx[i]] > maxt) maxt = c->track[idx[i]];
+    if (maxt > 4 * (long long)m + 1024) { /* track numbers far apart: no counting */
+        qsort(idx, (size_t)m, sizeof(Py_ssize_t), cmp);
+        return 0;
+    }
+    Py_ssize_t *cnt = PyMem_Calloc((size_t)maxt + 2, sizeof(Py_ssize_t));
+    Py_ssize_t *tmp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(m ? m : 1));
+    if (!cnt || !tmp) {
+        PyMem_Free(cnt);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) cnt[c->track[idx[i]] + 1]++;
+    for (long long t = 0; t <= maxt; t++) cnt[t + 1] += cnt[t];
+    for (Py_ssize_t i = 0; i < m; i++) tmp[cnt[c->track[idx[i]]]++] = idx[i];
+    memcpy(idx, tmp, sizeof(Py_ssize_t) * (size_t)m);
+    PyMem_Free(cnt);
+    PyMem_Free(tmp);
+    for (Py_ssize_t lo = 0; lo < m;) {
+        Py_ssize_t hi = lo;
+        while (hi < m && c->track[idx[hi]] == c->track[idx[lo]]) hi++;
+        long long moves = 0, budget = 16 * (long long)(hi - lo) + 64;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            Py_ssize_t x = idx[i], j = i;
+            while (j > lo && cmp(&idx[j - 1], &x) > 0) {
+                idx[j] = idx[j - 1];
+                j--;
+                moves++;
+            }
+            idx[j] = x;
+            if (moves > budget) {
+                qsort(idx + lo, (size_t)(hi - lo), sizeof(Py_ssize_t), cmp);
+                break;
+            }
+        }
+        lo = hi;
+    }
+    return 0;
+}
+
+static PyObject *tuple_of_vecs(Vec *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *l = list_ll(v[i].v, v[i].n);
+        if (!l) { Py_DECREF(t); return NULL; }
+        PyTuple_SetItem(t, i, l);
+    }
+    return t;
+}
+
+PyDoc_STRVAR(digest_cover_doc,
+             "digest_cover(names, tracks, starts, ends, skip, row_mask, step_starts, step_ends, step_tracks, /)\n--\n\n"
+             "digest_breakdown._cover_py: the union per track of the spans not set in skip, not of a row\n"
+             "name, not other tools', not empty or inverted, and not a step's ancestor: (tracks, starts, ends)\n"
+             "of disjoint intervals, by track then start.");
+static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends, *skipo, *sso, *seo, *sto;
+    const char *mask;
+    Py_ssize_t nmask;
+    if (!PyArg_ParseTuple(args, "OOOOOy#OOO", &names, &tracks, &starts, &ends, &skipo, &mask, &nmask, &sso, &seo, &sto))
+        return NULL;
+    Cols c;
+    Col ss = {0}, se = {0}, st = {0};
+    Py_ssize_t *p = NULL;
+    Vec out[3] = {{0}};
+    PyObject *result = NULL;
+    const char *skip = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0) return NULL;
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != c.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_cover: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    if (col_read(&ss, sso) < 0 || col_read(&se, seo) < 0 || col_read(&st, sto) < 0) goto out;
+    if (se.n != ss.n || st.n != ss.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_cover: step columns of different lengths");
+        goto out;
+    }
+    p = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c.n ? c.n : 1));
+    if (!p) { PyErr_NoMemory(); goto out; }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        long long t = c.track[i], s = c.start[i], e = c.end[i], k = c.name[i];
+        if (t < 0 || e <= s || (skip && skip[i]) || (k >= 0 && k < nmask && mask[k])) continue;
+        Py_ssize_t j = bisect_left_ll(ss.v, ss.n, s); /* breakdown.is_ancestor */
+        if (j < ss.n && se.v[j] <= e && st.v[j] == t && (ss.v[j] > s || se.v[j] < e)) continue;
+        p[m++] = i;
+    }
+    if (sort_spans(p, m, &c, cover_cmp) < 0) goto out;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        Py_ssize_t n = out[0].n, i = p[k];
+        long long t = c.track[i], s = c.start[i], e = c.end[i];
+        if (n && out[0].v[n - 1] == t && s <= out[2].v[n - 1]) {
+            if (e > out[2].v[n - 1]) out[2].v[n - 1] = e;
+        } else if (vec_push(&out[0], t) < 0 || vec_push(&out[1], s) < 0 || vec_push(&out[2], e) < 0) {
+            goto out;
+        }
+    }
+    result = tuple_of_vecs(out, 3);
+out:
+    cols_free(&c);
+    Py_XDECREF(ss.keep);
+    Py_XDECREF(se.keep);
+    Py_XDECREF(st.keep);
+    PyMem_Free(p);
+    for (int i = 0; i < 3; i++) vec_free(&out[i]);
+    return result;
+}
+
+PyDoc_STRVAR(digest_nest_doc,
+             "digest_nest(names, tracks, starts, ends, skip, step_starts, bucket, nb, carry_tracks, carry_starts,\n"
+             "            carry_ends, floor, /)\n--\n\n"
+             "digest_breakdown._nest_py: per key, the time its spans' children took; the spans not yet taken\n"
+             "after the batch; the spans that took every carried span of their track and start at or before\n"
+             "floor[track]. NotImplemented where a sum would pass 2^63.");
+static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
+    PyObject *names, *tracks, *starts, *ends, *skipo, *steps, *cto, *cso, *ceo, *flo;
+    long bucket, nb;
+    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
+                          &cso, &ceo, &flo))
+        return NULL;
+    Cols c;
+    Col sb = {0}, ct = {0}, cs = {0}, ce = {0}, fl = {0};
+    Py_ssize_t *order = NULL;
+    Vec out[8] = {{0}}; /* ck, cn, ot, os, oe, bk, bt, bs */
+    Vec ss = {0}, se = {0}; /* the stack of the track at hand */
+    I64Map keys = {0};
+    PyObject *result = NULL;
+    const char *skip = NULL;
+    if (cols_read(&c, names, tracks, starts, ends) < 0) return NULL;
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != c.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_nest: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    if (nb < 1) {
+        PyErr_SetString(PyExc_ValueError, "digest_nest: bad buckets");
+        goto out;
+    }
+    if (col_read(&sb, steps) < 0 || col_read(&ct, cto) < 0 || col_read(&cs, cso) < 0 || col_read(&ce, ceo) < 0 ||
+        col_read(&fl, flo) < 0)
+        goto out;
+    if (cs.n != ct.n || ce.n != ct.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_nest: carried columns of different lengths");
+        goto out;
+    }
+    order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(c.n ? c.n : 1));
+    if (!order || map_init(&keys, 64) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto out;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++)
+        if (c.track[i] >= 0 && c.end[i] >= c.start[i] && !(skip && skip[i])) order[m++] = i;
+    if (sort_spans(order, m, &c, nest_cmp) < 0) goto out;
+    Py_ssize_t cp = 0, a = 0;
+    while (a < m || cp < ct.n) {
+        long long t = a < m ? c.track[order[a]] : LLONG_MAX;
+        /* carried tracks before this one pass through */
+        while (cp < ct.n && ct.v[cp] < t) {
+            if (vec_push(&out[2], ct.v[cp]) < 0 || vec_push(&out[3], cs.v[cp]) < 0 || vec_push(&out[4], ce.v[cp]) < 0)
+                goto out;
+            cp++;
+        }
+        if (a >= m) break;
+        ss.n = se.n = 0;
+        while (cp < ct.n && ct.v[cp] == t) {
+            if (vec_push(&ss, cs.v[cp]) < 0 || vec_push(&se, ce.v[cp]) < 0) goto out;
+            cp++;
+        }
+        for (; a < m && c.track[order[a]] == t; a++) {
+            Py_ssize_t i = order[a];
+            long long s = c.start[i], took = 0;
+            while (ss.n && ss.v[ss.n - 1] >= s) {
+                se.n = --ss.n;
+                long long d = se.v[ss.n] - ss.v[ss.n];
+                if (d < 0 || d > LLONG_MAX - took) { result = Py_NewRef(Py_NotImplemented); goto out; }
+                took += d;
+            }
+            long b = bucket >= 0 ? bucket : (long)bisect_right_ll(sb.v, sb.n, s);
+            if (b > nb - 1) b = nb - 1;
+            long long key = (long long)c.name[i] * nb + b;
+            if (took) {
+                Py_ssize_t k = map_index(&keys, key, out[0].n);
+                if (k < 0) goto out;
+                if (k == out[0].n && (vec_push(&out[0], key) < 0 || vec_push(&out[1], 0) < 0)) goto out;
+                if (took > LLONG_MAX - out[1].v[k]) { result = Py_NewRef(Py_NotImplemented); goto out; }
+                out[1].v[k] += took;
+            }
+            if (!ss.n && t < fl.n && s <= fl.v[t]) {
+                if (vec_push(&out[5], key) < 0 || vec_push(&out[6], t) < 0 || vec_push(&out[7], s) < 0) goto out;
+            }
+            if (vec_push(&ss, s) < 0 || vec_push(&se, c.end[i]) < 0) goto out;
+        }
+        for (Py_ssize_t j = 0; j < ss.n; j++)
+            if (vec_push(&out[2], t) < 0 || vec_push(&out[3], ss.v[j]) < 0 || vec_push(&out[4], se.v[j]) < 0) goto out;
+    }
+    result = tuple_of_vecs(out, 8);
+out:
+    cols_free(&c);
+    Py_XDECREF(sb.keep);
+    Py_XDECREF(ct.keep);
+    Py_XDECREF(cs.keep);
+    Py_XDECREF(ce.keep);
+    Py_XDECREF(fl.keep);
+    PyMem_Free(order);
+    for (int i = 0; i < 8; i++) vec_free(&out[i]);
+    vec_free(&ss);
+    vec_free(&se);
+    map_free(&keys);
+    return result;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
+    {"digest_cover", hot_digest_cover, METH_VARARGS, digest_cover_doc},
+    {"digest_nest", hot_digest_nest, METH_VARARGS, digest_nest_doc},
     {NULL},
 };
 

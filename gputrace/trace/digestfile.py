@@ -1,4 +1,4 @@
-"""The step digest's file: the `gputrace-digest/1` format, read and written.
+"""The step digest's file: the `gputrace-digest/2` format (and /1), read and written.
 
 Takes: a digest as JSON-ready data (made by `gputrace.digest`), or a digest file. Gives: the file,
 written atomically (`write`); a `RankDigest` read back (`read`, `from_document`): the rank's step
@@ -13,7 +13,10 @@ digest older than its trace, or another rank's or run's, is recognised), `step_n
 `unfinished`, `negative`, `warmup` ({steps, exact}), `names`, `tracks` (tid, name, kind,
 device, ordinal), `spans` (name, track, start as deltas from the one before, the first from
 base_ns; dur; flags), `stats` (per name and warm-up bucket: count, total, min, max, max_start
-from base_ns, max_track, hist as [bucket, count, ...]) and the rank's trace `metadata`.
+from base_ns, max_track, hist as [bucket, count, ...], self: the total less the spans' children,
+or null where not known), `cover` (track, start as deltas, dur: the union of the rank's other
+spans per track, `gputrace.digest_breakdown`), `launch_lag` (per finished step in start order,
+or null) and the rank's trace `metadata`. Version 1 has no self, cover and launch_lag.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ from gputrace.trace import layout
 from gputrace.trace.files import atomic_writer, read_bytes, read_head
 from gputrace.trace.model import Process, SpanColumns, Trace, Track
 
-FORMAT = "gputrace-digest/1"
+FORMAT = "gputrace-digest/2"
+#: Digests of the first version are read too: they have no cover, self time or launch lags
+#: (`RankDigest.version` says so, and the summary says those are not known).
+FORMATS = {"gputrace-digest/1": 1, FORMAT: 2}
+#: The name of the cover's spans in a digest read back (`gputrace.digest_breakdown`); their
+#: args say `cover`, which `stats.summarize` takes for the rank's other spans.
+COVER_NAME = "gputrace.cover"
 #: The digests of a folder of ranks (`digest_path` names them).
 RANK_GLOB = "digest_rank*.digest"
 
@@ -93,6 +102,8 @@ class RankDigest:
     trace_bytes: int | None
     computed: bool = False  # made from the trace here, not read from a digest file
     trace_head: str | None = None  # `head_hash` of its trace when it was written
+    version: int = 2  # 1: no cover, self time or launch lags
+    launch_lag: list[int | None] | None = None  # per finished step in start order (version 2)
 
 
 class DamagedDigest(TraceFormatError):
@@ -112,7 +123,7 @@ def read(path: str) -> RankDigest:
 
 
 def from_document(doc: Any, path: str) -> RankDigest:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise TraceFormatError(path, f"not a gputrace digest of this version ({FORMAT}); delete it, or pass --full")
     try:
         return _from_document(doc, path)
@@ -175,7 +186,24 @@ def _from_document(doc: dict[str, Any], path: str) -> RankDigest:
     del starts[0]
     ends = array("q", map(int.__add__, starts, s["dur"]))
     args = [_ARGS[f] for f in _ints(s, "flags", n, 0, 7)]
-    trace.spans = SpanColumns.wrap(span_names, array("l", s["track"]), starts, ends, args)
+    span_tracks = array("l", s["track"])
+    version = FORMATS[doc["format"]]
+    lags: list[int | None] | None = None
+    if version >= 2:
+        cv = doc["cover"]
+        m = len(cv["track"])
+        _ints(cv, "dur", m, 0)
+        cover_starts = array("q", accumulate(_ints(cv, "start", m), initial=base))
+        del cover_starts[0]
+        span_tracks.extend(_ints(cv, "track", m))
+        span_names.extend([trace.intern(COVER_NAME)] * m)
+        starts.extend(cover_starts)
+        ends.extend(map(int.__add__, cover_starts, cv["dur"]))
+        args += [_COVER] * m
+        lags = doc["launch_lag"]
+        if not isinstance(lags, list) or not all(x is None or type(x) is int for x in lags):
+            raise ValueError("launch_lag is not a list of integers or nulls")
+    trace.spans = SpanColumns.wrap(span_names, span_tracks, starts, ends, args)
     trace.spans.cat = [None] * len(args)  # a list: merge copies it at C speed
     st = doc["stats"]
     m = len(st["name"])
@@ -201,7 +229,13 @@ def _from_document(doc: dict[str, Any], path: str) -> RankDigest:
         "max_start": [base + x for x in st["max_start"]],
         "max_track": st["max_track"],
         "hist": st["hist"],
+        "self": None,
     }
+    if version >= 2:
+        own = st["self"]
+        if not isinstance(own, list) or len(own) != m or not all(x is None or type(x) is int for x in own):
+            raise ValueError("self is not a list of one integer or null per name")
+        cols["self"] = own
     if not (len(starts) == len(ends) == len(args) == len(trace.spans.name) == len(trace.spans.track)):
         raise ValueError("span columns of different lengths")
     sp = trace.spans
@@ -225,6 +259,8 @@ def _from_document(doc: dict[str, Any], path: str) -> RankDigest:
         doc.get("trace") if isinstance(doc.get("trace"), str) else None,
         doc.get("trace_bytes") if type(doc.get("trace_bytes")) is int else None,
         trace_head=doc.get("trace_head") if isinstance(doc.get("trace_head"), str) else None,
+        version=version,
+        launch_lag=lags,
     )
 
 
@@ -235,6 +271,8 @@ _ARGS: dict[int, dict[str, Any] | None] = {
     for f in range(8)
 }
 
+
+_COVER: dict[str, Any] = {"cover": True}
 
 #: How much of a trace file `head_hash` reads: its header (rank, run id, base time) is in it.
 HEAD_BYTES = 4096

@@ -1,0 +1,379 @@
+"""What a rank's digest keeps for the step breakdown and self time, built as the rank flushes.
+
+Takes: the digest builder's batches (`gputrace.digest.Builder`): columns of name, track, start,
+end (and the host entry times, where the chunks have them), the rank's finished steps so far,
+and each span's aggregate key. Gives, for the digest document (`Local.document`):
+
+- `cover`: per track, the union of the rank's spans that are neither step, collective nor other
+  rows of the digest, nor a step's ancestor (`breakdown.is_ancestor`), as disjoint intervals;
+  with the rows the digest keeps, it is all `stats` needs for idle and exposed collective time,
+  and it goes through merge's alignment like any span (so the numbers are those of the full
+  trace on the merged timeline). Memory: one interval per gap between spans on a track;
+- `self`: per aggregate key, the time of its spans' children (`breakdown.nest`, batch after
+  batch: the spans of a track not yet taken by a parent are carried to the next batch, at most
+  CARRY_SPANS of them; older ones are summed up per track, and a parent that takes only some of
+  those makes its name's self time unknown rather than wrong);
+- `launch_lag`: per finished step (in start order), device start minus host entry of the CUDA
+  span entered first in the step (`breakdown.launch_lags`), or None.
+
+The per-span work is two C loops (`_hot.digest_cover`, `_hot.digest_nest`); `_cover_py` and
+`_nest_py` are their references and the fallback.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from itertools import repeat
+from operator import sub
+from typing import Any
+
+from gputrace import native
+from gputrace.breakdown import is_ancestor
+
+#: Spans not yet taken by a parent, carried from batch to batch (all tracks together); past this
+#: many the oldest are summed per track.
+CARRY_SPANS = 1 << 16
+_NONE = -(1 << 63)  # no summed-up spans on a track
+
+
+def _cover_py(
+    names: Sequence[int],
+    tracks: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    skip: bytes | None,
+    row_mask: bytes,
+    step_starts: Sequence[int],
+    step_ends: Sequence[int],
+    step_tracks: Sequence[int],
+) -> tuple[list[int], list[int], list[int]]:
+    """The union per track of the spans that are not set in `skip`, not of a name set in
+    `row_mask`, not other tools' (track < 0), not empty or inverted, and not a step's ancestor:
+    (track, start, end) of disjoint intervals, by track then start."""
+    keep = [
+        (t, s, e)
+        for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
+        if t >= 0
+        and e > s
+        and not (skip is not None and skip[i])
+        and not (0 <= k < len(row_mask) and row_mask[k])
+        and not is_ancestor(s, e, t, step_starts, step_ends, step_tracks)
+    ]
+    keep.sort()
+    ot: list[int] = []
+    os_: list[int] = []
+    oe: list[int] = []
+    for t, s, e in keep:
+        if ot and ot[-1] == t and s <= oe[-1]:
+            if e > oe[-1]:
+                oe[-1] = e
+        else:
+            ot.append(t)
+            os_.append(s)
+            oe.append(e)
+    return ot, os_, oe
+
+
+def _nest_py(
+    names: Sequence[int],
+    tracks: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    skip: bytes | None,
+    steps: Sequence[int],
+    bucket: int,
+    nb: int,
+    carry_tracks: Sequence[int],
+    carry_starts: Sequence[int],
+    carry_ends: Sequence[int],
+    floor: Sequence[int],
+) -> tuple[list[int], ...]:
+    """`breakdown.nest` over a batch, with the spans not yet taken from the batches before
+    (`carry_*`, by track then start). Each span's key is name * nb + its warm-up bucket (as
+    `digest._fold_py` gives it). Returns: the keys and the time their spans' children took
+    (keys in the order first met); the spans not yet taken after the batch (track, start, end, by
+    track then start); and the spans that took every carried span of their track whose start is
+    at or before `floor[track]` (the latest start summed up there; a track past the end of
+    `floor` has none) as key, track, start."""
+    order = sorted(
+        (
+            i
+            for i, (t, s, e) in enumerate(zip(tracks, starts, ends))
+            if t >= 0 and e >= s and not (skip is not None and skip[i])
+        ),
+        key=lambda i: (tracks[i], ends[i], -starts[i]),
+    )
+    stacks: dict[int, list[tuple[int, int]]] = {}
+    for t, s, e in zip(carry_tracks, carry_starts, carry_ends):
+        stacks.setdefault(t, []).append((s, e))
+    index: dict[int, int] = {}
+    ck: list[int] = []
+    cn: list[int] = []
+    bk: list[int] = []
+    bt: list[int] = []
+    bs: list[int] = []
+    for i in order:
+        t, s = tracks[i], starts[i]
+        st = stacks.setdefault(t, [])
+        c = 0
+        while st and st[-1][0] >= s:
+            a, b = st.pop()
+            c += b - a
+        key = names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
+        if c:
+            j = index.get(key)
+            if j is None:
+                j = index[key] = len(ck)
+                ck.append(key)
+                cn.append(0)
+            cn[j] += c
+        if not st and t < len(floor) and s <= floor[t]:
+            bk.append(key)
+            bt.append(t)
+            bs.append(s)
+        st.append((s, ends[i]))
+    ot: list[int] = []
+    os_: list[int] = []
+    oe: list[int] = []
+    for t in sorted(stacks):
+        for s, e in stacks[t]:
+            ot.append(t)
+            os_.append(s)
+            oe.append(e)
+    return ck, cn, ot, os_, oe, bk, bt, bs
+
+
+def _c_loops(hot: Any) -> None:
+    """Bind the C build's loops (None where gputrace.native has the Python twins in use)."""
+    global _cover_c, _nest_c
+    _cover_c = getattr(hot, "digest_cover", None) if hot is not None else None
+    _nest_c = getattr(hot, "digest_nest", None) if hot is not None else None
+
+
+_cover_c: Any = None
+_nest_c: Any = None
+native.on_switch(_c_loops)
+
+
+def cover_spans(*a: Any) -> tuple[list[int], list[int], list[int]]:
+    return (_cover_c or _cover_py)(*a)
+
+
+def nest_spans(*a: Any) -> tuple[list[int], ...]:
+    if _nest_c is not None:
+        got = _nest_c(*a)
+        if got is not NotImplemented:  # sums past 2^63 ns are Python's
+            return got  # type: ignore[no-any-return]
+    return _nest_py(*a)
+
+
+class Local:
+    """One rank's cover, children's time per key and launch lags, fed batch by batch."""
+
+    def __init__(self) -> None:
+        # The rank's finished steps so far, in start order.
+        self.step_starts: list[int] = []
+        self.step_ends: list[int] = []
+        self.step_tracks: list[int] = []
+        self.cover: dict[int, tuple[list[int], list[int]]] = {}
+        self.children: dict[int, int] = {}  # key -> its spans' children's time
+        self.unknown_names: set[int] = set()  # names whose self time cannot be told
+        self.carry: tuple[array[int], array[int], array[int]] = (array("q"), array("q"), array("q"))
+        # track -> [least start, latest start, time, 1 once a parent took some] of the spans summed up
+        self.summed: dict[int, list[int]] = {}
+        self.lags: dict[int, tuple[int, int]] = {}  # step start -> (host entry, device start)
+        self.pending: list[tuple[int, int]] = []  # (entry, start) past the steps known
+
+    def steps(self, starts: Sequence[int], ends: Sequence[int], tracks: Sequence[int]) -> None:
+        """Finished step spans of a batch (before the batch's other work)."""
+        if not self.step_starts or min(starts) >= self.step_starts[-1]:
+            order = sorted(range(len(starts)), key=starts.__getitem__)  # the usual case: after the ones known
+            self.step_starts.extend(map(starts.__getitem__, order))
+            self.step_ends.extend(map(ends.__getitem__, order))
+            self.step_tracks.extend(map(tracks.__getitem__, order))
+            return
+        for s, e, t in zip(starts, ends, tracks):
+            j = bisect_right(self.step_starts, s)
+            self.step_starts.insert(j, s)
+            self.step_ends.insert(j, e)
+            self.step_tracks.insert(j, t)
+
+    def work(
+        self,
+        names: Sequence[int],
+        tracks: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
+        skip: bytes | None,
+        row_mask: bytes,
+        entry: Sequence[int] | None,
+        cuda: Sequence[bool],
+    ) -> None:
+        """A batch's cover and host entries (`skip`: its unfinished spans and marked rows)."""
+        ct, cs, ce = cover_spans(
+            names,
+            tracks,
+            starts,
+            ends,
+            skip,
+            row_mask,
+            array("q", self.step_starts),
+            array("q", self.step_ends),
+            array("q", self.step_tracks),
+        )
+        lo = 0
+        n = len(ct)
+        while lo < n:
+            t = ct[lo]
+            hi = lo
+            while hi < n and ct[hi] == t:
+                hi += 1
+            self._merge(t, cs[lo:hi], ce[lo:hi])
+            lo = hi
+        if entry is not None:
+            for i, (x, t, s) in enumerate(zip(entry, tracks, starts)):
+                if x > 0 and 0 <= t < len(cuda) and cuda[t] and ends[i] >= s and not (skip is not None and skip[i]):
+                    self.pending.append((x, s))
+        if self.pending:
+            self._place_entries(final=False)
+
+    def _merge(self, t: int, xs: list[int], xe: list[int]) -> None:
+        """Disjoint intervals (sorted) into track t's cover: they mostly come after it, so only
+        its tail from the first they touch is merged again."""
+        have = self.cover.get(t)
+        if have is None:
+            self.cover[t] = (xs, xe)
+            return
+        us, ue = have
+        j = bisect_left(ue, xs[0])  # the first interval ending at or after the batch's first start
+        pairs = sorted(zip(us[j:] + xs, ue[j:] + xe))
+        del us[j:], ue[j:]
+        for a, b in pairs:
+            if us and a <= ue[-1]:
+                if b > ue[-1]:
+                    ue[-1] = b
+            else:
+                us.append(a)
+                ue.append(b)
+
+    def _place_entries(self, final: bool) -> None:
+        """Host entries into the known steps: the first entered of each step is kept; entries
+        past the last step known wait (unless `final`); others (between steps) are dropped."""
+        self.lags, self.pending = self._placed(final)
+
+    def _placed(self, final: bool) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int]]]:
+        ss, se = self.step_starts, self.step_ends
+        last_end = max(se) if se else None
+        lags = dict(self.lags)
+        wait = []
+        for x, s in self.pending:
+            j = bisect_right(ss, x) - 1
+            if j >= 0 and x < se[j]:
+                got = lags.get(ss[j])
+                if got is None or x < got[0]:
+                    lags[ss[j]] = (x, s)
+            elif not final and (last_end is None or x >= last_end):
+                wait.append((x, s))
+        return lags, wait
+
+    def nest(
+        self,
+        names: Sequence[int],
+        tracks: Sequence[int],
+        starts: Sequence[int],
+        ends: Sequence[int],
+        skip: bytes | None,
+        steps: Sequence[int],
+        bucket: int,
+        nb: int,
+    ) -> None:
+        """A batch's children's time per key (the batches in the order written)."""
+        floor = array("q", [_NONE]) * (max(self.summed, default=-1) + 1)
+        for t, got in self.summed.items():
+            floor[t] = got[1]
+        ck, cn, ot, os_, oe, bk, bt, bs = nest_spans(
+            names, tracks, starts, ends, skip, steps, bucket, nb, *self.carry, floor
+        )
+        ch = self.children
+        for k, c in zip(ck, cn):
+            ch[k] = ch.get(k, 0) + c
+        for k, t, s in zip(bk, bt, bs):
+            v = self.summed.get(t)
+            if v is None:
+                continue
+            if s <= v[0] and not v[3]:  # it encloses every span summed up: they are its children
+                ch[k] = ch.get(k, 0) + v[2]
+                del self.summed[t]
+            else:
+                # It takes some of them (or the sum holds spans taken already): which, and so
+                # how much, is not known.
+                self.unknown_names.add(k // nb)
+                if s <= v[0]:
+                    del self.summed[t]
+                else:
+                    v[3] = 1
+        self.carry = (array("q", ot), array("q", os_), array("q", oe))
+        if len(ot) > CARRY_SPANS:
+            self._sum_up()
+
+    def _sum_up(self) -> None:
+        """Keep the newest half of the carried spans of each track; sum up the others."""
+        ct, cs, ce = self.carry
+        tracks = sorted(set(ct))
+        keep_each = max(1, CARRY_SPANS // 2 // len(tracks))
+        ot, os_, oe = array("q"), array("q"), array("q")
+        lo = 0
+        n = len(ct)
+        while lo < n:
+            t = ct[lo]
+            hi = lo
+            while hi < n and ct[hi] == t:
+                hi += 1
+            cut = max(lo, hi - keep_each)
+            if cut > lo:
+                v = self.summed.setdefault(t, [cs[lo], cs[lo], 0, 0])
+                v[0] = min(v[0], cs[lo])
+                v[1] = max(v[1], cs[cut - 1])
+                v[2] += sum(ce[lo:cut]) - sum(cs[lo:cut])
+            ot.extend(ct[cut:hi])
+            os_.extend(cs[cut:hi])
+            oe.extend(ce[cut:hi])
+            lo = hi
+        self.carry = (ot, os_, oe)
+
+    def copy(self) -> Local:
+        """A copy that can be finished (`nest` on the buffered batches) without changing this one."""
+        c = Local()
+        c.__dict__.update(self.__dict__)
+        c.children = dict(self.children)
+        c.unknown_names = set(self.unknown_names)
+        c.carry = (array("q", self.carry[0]), array("q", self.carry[1]), array("q", self.carry[2]))
+        c.summed = {t: list(v) for t, v in self.summed.items()}
+        return c
+
+    def document(self, base_ns: int) -> dict[str, Any]:
+        """`cover` (track, start as deltas from the one before, the first from base_ns, dur) and
+        `launch_lag` (per finished step in start order: an int or None). Building may go on."""
+        ct: list[int] = []
+        starts: list[int] = []
+        cd: list[int] = []
+        for t in sorted(self.cover):
+            us, ue = self.cover[t]
+            ct += repeat(t, len(us))
+            starts += us
+            cd += map(sub, ue, us)
+        cs = list(map(sub, starts, [base_ns, *starts[:-1]]))
+        lags: list[int | None] = [None] * len(self.step_starts)
+        if self.lags or self.pending:
+            placed, _ = self._placed(final=True)
+            for k, s in enumerate(self.step_starts):
+                got = placed.get(s)
+                if got is not None:
+                    lags[k] = got[1] - got[0]
+        return {"cover": {"track": ct, "start": cs, "dur": cd}, "launch_lag": lags}
+
+    def self_column(self, keys: Sequence[int], totals: Sequence[int], nb: int) -> list[int | None]:
+        """Per aggregate key: its self time (its total less its spans' children's), or None."""
+        return [None if k // nb in self.unknown_names else t - self.children.get(k, 0) for k, t in zip(keys, totals)]
