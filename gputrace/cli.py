@@ -489,6 +489,8 @@ def view(
     change from this run to another, name by name."""
     if follow:
         return _follow(paths, port, no_browser, export, selection)
+    from click.core import ParameterSource
+
     from gputrace.trace.files import check_target, write_atomic
     from gputrace.trace.registry import expand
     from gputrace.viewer import data, report, server
@@ -503,12 +505,15 @@ def view(
     files = expand(paths)
     sel = selection
     require_step = sel.step is not None
+    # --skip-steps not given: the viewer leaves out warm-up steps that are outliers, and says so.
+    given = click.get_current_context().get_parameter_source("skip_steps") is not ParameterSource.DEFAULT
+    skip_steps = sel.skip_steps if given else None
     # Many ranks: the page from their step digests, the timeline from the files a window at a time.
     doc = (
         None
         if sel.given
         else data.from_digests(
-            paths, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
+            paths, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths
         )
     )
     trace = None
@@ -517,9 +522,7 @@ def view(
     else:
         click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
         trace = data.load(files, ranks=sel.ranks, steps=sel.steps, window=sel.window, step_name=sel.step_name)
-        doc = data.document(
-            trace, step=sel.step_name, skip_steps=sel.skip_steps, require_step=require_step, inputs=paths
-        )
+        doc = data.document(trace, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths)
     if compare is not None:
         doc["compare"] = data.compare(
             list(paths), [compare], step=sel.step, skip_steps=sel.skip_steps, ranks=sel.ranks, steps=sel.steps

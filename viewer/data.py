@@ -20,17 +20,22 @@ small enough for the UI to load, else the spans of a time window.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
 from operator import and_, ge, gt, lt, or_
 from typing import Any
 
 from gputrace import stats
+from gputrace.causes import causes
 from gputrace.trace import chrome
 from gputrace.trace.model import Trace
+
+from . import findings
 
 FORMAT = "gputrace-view/1"
 #: Above this many spans the Perfetto UI gets a time window of the trace, not the whole of it:
@@ -55,6 +60,7 @@ STAT_COLUMNS = (
     "slowest_rank",
     "slowest_start_ns",
     "slowest_end_ns",
+    "self_total_ns",
 )
 
 
@@ -88,15 +94,23 @@ def document(
     summary: stats.Summary | None = None,
     *,
     step: str = "step",
-    skip_steps: int = 0,
+    skip_steps: int | None = None,
     require_step: bool = False,
     title: str | None = None,
     inputs: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The viewer's document for `trace` (its summary computed here unless given; with
-    `require_step`, a trace without `step` spans is an error that lists the names present)."""
+    `require_step`, a trace without `step` spans is an error that lists the names present).
+    `skip_steps` None: the first steps are left out when they are warm-up outliers
+    (`findings.warmup_steps`), and a note says so; a number: exactly that many."""
+    warmup_note = None
     if summary is None:
-        summary = stats.summarize(trace, step=step, skip_steps=skip_steps, require_step=require_step)
+        summary = stats.summarize(trace, step=step, skip_steps=skip_steps or 0, require_step=require_step)
+        if skip_steps is None and summary.steps is not None:
+            k, factor = findings.warmup_steps(summary.steps)
+            if k:
+                summary = stats.summarize(trace, step=step, skip_steps=k, require_step=require_step)
+                warmup_note = _warmup_note(k, factor)
     rng = trace.time_range()
     base = rng[0] if rng else 0
     ranks = list(summary.ranks)
@@ -126,17 +140,60 @@ def document(
             "by_rank": [[_stat_row(x, base) for x in summary.by_rank.get(r, ())] for r in ranks],
         },
         "counts": [_counts(summary.counts.get(r)) for r in ranks],
-        "notes": [shown_text(n) for n in summary.notes],  # a note may quote a path
+        "notes": ([warmup_note] if warmup_note else []) + [shown_text(n) for n in summary.notes],  # may quote a path
+        "warmup_auto": warmup_note is not None,
         "alignment": _alignment(trace, ranks),
         "timeline": _timeline(trace, summary.steps, base),
+        "pids": [_pid(trace, r) for r in ranks],
+        "worst": _worst(summary.steps, slot),
+        "phases": findings.phases(summary.steps, trace if len(trace.spans) else None)
+        if summary.steps is not None
+        else [],
+        "causes": causes(summary.steps, summary.collectives) if summary.steps is not None else [],
     }
+
+
+def _worst(st: stats.Steps | None, slot: dict[int, int]) -> list[dict[str, Any]]:
+    """The worst steps, each also against the other ranks' median (`ref_ns`, `ref_pct`): the
+    number the heatmap shows, which a median over two ranks would halve."""
+    if st is None:
+        return []
+    ranks = [r for r in st.ranks if r in st.busy_ns]
+    ref = dict(zip(ranks, findings.others_median([st.busy_ns[r][: st.count] for r in ranks])))
+    out = findings.worst_steps(st)
+    for w in out:
+        v = ref[w["rank"]][w["k"]] if w["rank"] in ref else w["median_ns"]
+        w["ref_ns"] = v
+        w["ref_pct"] = 100.0 * (w["busy_ns"] - v) / v if v else None
+    return out
+
+
+def _warmup_note(k: int, factor: float) -> str:
+    if k == 1:
+        return (
+            f"the first step is left out as warm-up (it took {factor:.1f}x the median step time); "
+            "--skip-steps 0 keeps it"
+        )
+    return (
+        f"the first {k} steps are left out as warm-up (the first took {factor:.1f}x the median step time); "
+        "--skip-steps 0 keeps them"
+    )
+
+
+def _pid(trace: Trace, rank: int) -> int | str | None:
+    """The pid the rank's process is written with in the timeline's trace (how the page finds it
+    in the Perfetto UI)."""
+    try:
+        return trace.rank_process(rank).pid
+    except KeyError:
+        return None
 
 
 def from_digests(
     paths: Sequence[str],
     *,
     step: str = "step",
-    skip_steps: int = 0,
+    skip_steps: int | None = None,
     require_step: bool = False,
     inputs: Iterable[str] = (),
 ) -> dict[str, Any] | None:
@@ -150,8 +207,16 @@ def from_digests(
     if found.ranks < DIGEST_MIN_RANKS or not found.traces:
         return None
     digests = collect(found, step)
-    trace, summary = summarize(digests, step, skip_steps, require_step=require_step)
+    trace, summary = summarize(digests, step, skip_steps or 0, require_step=require_step)
+    warmup = 0
+    if skip_steps is None and summary.steps is not None:
+        warmup, factor = findings.warmup_steps(summary.steps)
+        if warmup:
+            trace, summary = summarize(digests, step, warmup, require_step=require_step)
     doc = document(trace, summary, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
+    if warmup:
+        doc["notes"] = [_warmup_note(warmup, factor), *doc["notes"]]
+        doc["warmup_auto"] = True
     doc["spans"] = sum(r.count for r in summary.names)
     st = summary.steps
     base = doc["base_ns"]
@@ -252,8 +317,8 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
         return None
     n = len(slot)
 
-    def per_slot(d: dict[int, list[int]], rel: bool) -> list[list[int] | None]:
-        out: list[list[int] | None] = [None] * n
+    def per_slot(d: Mapping[int, Sequence[Any]], rel: bool) -> list[Any]:
+        out: list[list[Any] | None] = [None] * n
         for r, v in d.items():
             if r in slot:
                 out[slot[r]] = _rel(v[: st.count], base) if rel else list(v[: st.count])
@@ -271,6 +336,13 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
         "busy": per_slot(st.busy_ns, False),
         "wait": per_slot(st.wait_ns, False),
         "median": list(st.median_busy_ns[: st.count]),
+        # What each cell is compared with: the median of the other ranks (with two ranks, the
+        # other one), so a rank's own time does not pull its reference towards it.
+        "ref": _per_slot_lists(
+            findings.others_median([st.busy_ns[r][: st.count] for r in st.ranks if r in st.busy_ns]),
+            [r for r in st.ranks if r in st.busy_ns],
+            slot,
+        ),
         "verdict": {
             "slot": [slot.get(v.rank, -1) for v in verdicts],
             "margin_ns": [v.margin_ns for v in verdicts],
@@ -279,7 +351,65 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
             "called": [1 if v.called else 0 for v in verdicts],
         },
         "times_slowest": [st.times_slowest.get(r, 0) for r in slot],
+        # The breakdown (gputrace.breakdown), per rank and step, None where not known.
+        "idle": per_slot(st.idle_ns, False),
+        "coll_wait": per_slot(st.collective_wait_ns, False),
+        "coll_transfer": per_slot(st.collective_transfer_ns, False),
+        "trend": _trend(st),
+        "totals": {
+            "idle_ns": [_total(st.idle_ns.get(r), st.count) for r in slot],
+            "exposed_collective_ns": [_total(st.exposed_collective_ns.get(r), st.count) for r in slot],
+            "collective_wait_ns": [_total(st.collective_wait_ns.get(r), st.count) for r in slot],
+            "collective_transfer_ns": [_total(st.collective_transfer_ns.get(r), st.count) for r in slot],
+            "launch_lag_ns": [_mean(st.launch_lag_ns.get(r), st.count) for r in slot],
+        },
     }
+
+
+def _total(v: Sequence[int | None] | None, count: int) -> int | None:
+    """The sum over the steps, None when no step's value is known."""
+    known = [x for x in (v or ())[:count] if x is not None]
+    return sum(known) if known else None
+
+
+def _mean(v: Sequence[int | None] | None, count: int) -> int | None:
+    known = [x for x in (v or ())[:count] if x is not None]
+    return sum(known) // len(known) if known else None
+
+
+def _trend(st: stats.Steps) -> dict[str, list[int]]:
+    """Per step, the mean over ranks of each part of the step: work inside spans (busy less idle),
+    idle outside any span, collective transfer and waiting for the last rank. The parts add up to
+    the mean step time, so a step every rank took longer stands out, and by which part."""
+    ranks = [r for r in st.ranks if r in st.busy_ns]
+    n = max(1, len(ranks))
+    out: dict[str, list[int]] = {"work": [], "idle": [], "transfer": [], "wait": []}
+    for k in range(st.count):
+        work = idle = transfer = wait = 0
+        for r in ranks:
+            i = st.idle_ns[r][k] if r in st.idle_ns else None
+            i = i or 0
+            w = st.collective_wait_ns[r][k] if r in st.collective_wait_ns else 0
+            # The collective time that is not waiting is transfer (unmatched collectives too), so
+            # the parts add up to the step.
+            c = st.wait_ns[r][k]
+            idle += i
+            work += st.busy_ns[r][k] - i
+            wait += min(w, c)
+            transfer += c - min(w, c)
+        out["work"].append(work // n)
+        out["idle"].append(idle // n)
+        out["transfer"].append(transfer // n)
+        out["wait"].append(wait // n)
+    return out
+
+
+def _per_slot_lists(values: list[list[int]], ranks: list[int], slot: dict[int, int]) -> list[list[int] | None]:
+    out: list[list[int] | None] = [None] * len(slot)
+    for r, v in zip(ranks, values):
+        if r in slot:
+            out[slot[r]] = v
+    return out
 
 
 def _collectives(co: stats.Collectives | None, slot: dict[int, int], base: int) -> dict[str, Any] | None:
@@ -338,6 +468,7 @@ def _stat_row(r: stats.NameStats, base: int) -> list[Any]:
         r.slowest.rank,
         r.slowest.start_ns - base,
         r.slowest.end_ns - base,
+        r.self_total_ns,
     ]
 
 
@@ -382,15 +513,42 @@ def timeline_trace(trace: Trace, base_ns: int, start_ns: int | None = None, end_
     """The trace as Chrome JSON for the Perfetto UI, its `ts` counted from `base_ns`: the whole
     trace, or the spans and samples that meet [start_ns, end_ns) (absolute ns)."""
     if start_ns is None and end_ns is None:
-        return chrome.encode(trace, base_ns)
+        return chrome.encode(numbered(trace), base_ns)
     lo = base_ns if start_ns is None else max(start_ns, base_ns)
     hi = (1 << 62) if end_ns is None else end_ns
-    return chrome.encode(window(trace, lo, hi), base_ns)
+    return chrome.encode(numbered(window(trace, lo, hi)), base_ns)
+
+
+def numbered(trace: Trace) -> Trace:
+    """`trace` with its ranks' process names padded to one width ("rank 07" of 64), sharing its
+    columns. The Perfetto UI orders processes of equal size by name, as text: "rank 10" would come
+    before "rank 2"."""
+    width = len(str(max((p.rank for p in trace.processes if p.rank is not None), default=0)))
+    if width < 2:
+        return trace
+    procs = []
+    for p in trace.processes:
+        m = _RANK_LABEL.match(p.label)
+        if p.rank is not None and m:
+            p = dataclasses.replace(p, label=f"{m.group(1)}{int(m.group(2)):0{width}d}{m.group(3)}")
+        procs.append(p)
+    out = Trace(trace.metadata)
+    out.processes = procs
+    out.tracks = trace.tracks
+    out.names = trace.names
+    out._name_index = trace._name_index
+    out.spans = trace.spans
+    out.counters = trace.counters
+    out.extra = trace.extra
+    return out
+
+
+_RANK_LABEL = re.compile(r"^(rank )(\d+)(\b.*)$", re.S)
 
 
 def iter_timeline_trace(trace: Trace, base_ns: int) -> Iterator[bytes]:
     """The whole trace in pieces (a download of any size without holding it all in memory)."""
-    pieces = chrome.iter_encode(trace, base_ns)
+    pieces = chrome.iter_encode(numbered(trace), base_ns)
     last = b""
     for piece in pieces:
         if last:

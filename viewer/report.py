@@ -23,7 +23,7 @@ import orjson
 from .server import static_assets
 
 #: The modules in dependency order (each imports only modules before it).
-MODULES = ("util", "heatmap", "stats", "collectives", "compare", "timeline", "open", "app")
+MODULES = ("util", "state", "heatmap", "breakdown", "stats", "collectives", "compare", "timeline", "open", "app")
 _IMPORT = re.compile(r'^import (?:(\{[^}]*\})|\* as (\w+)) from "\./(\w+)\.js";[ \t]*$', re.M)
 _EXPORT = re.compile(r"^export (function|const|let|class) (\w+)", re.M)
 

@@ -1,10 +1,13 @@
 // The page: reads the document (inlined in an exported report, else from the server), fills the
 // header, and renders each view into its section. The views talk to the timeline through a bus.
+// The tab, the selection and the heatmap's range live in the URL (state.js): a link restores them.
 
+import * as breakdown from "./breakdown.js";
 import * as collectives from "./collectives.js";
 import * as compare from "./compare.js";
 import * as heatmap from "./heatmap.js";
 import * as openNow from "./open.js";
+import * as state from "./state.js";
 import * as stats from "./stats.js";
 import * as timeline from "./timeline.js";
 import { el, fmtCount, fmtNs, makeBus } from "./util.js";
@@ -44,15 +47,17 @@ function tabs(doc) {
   const views = [
     ["heatmap", "Stragglers"],
     ["collectives", "Collectives"],
+    ["breakdown", "Where the time went"],
     ["stats", "Span statistics"],
   ];
   if (doc.compare) views.push(["compare", "Compare"]);
   const bar = document.getElementById("tabs");
   const buttons = views.map(([id, label]) =>
-    el("button", { type: "button", role: "tab", id: `tab-${id}`, "aria-controls": id, "data-testid": `tab-${id}`, text: label, onclick: () => show(id) }),
+    el("button", { type: "button", role: "tab", id: `tab-${id}`, "aria-controls": id, "data-testid": `tab-${id}`, text: label, onclick: () => show(id, true) }),
   );
   bar.replaceChildren(...buttons);
-  function show(id) {
+  function show(id, clicked) {
+    if (clicked) state.write({ tab: id === "heatmap" ? null : id });
     for (const [v] of views) {
       const on = v === id;
       document.getElementById(v).hidden = !on;
@@ -61,7 +66,30 @@ function tabs(doc) {
     const section = document.getElementById(id);
     if (section.redraw) section.redraw();
   }
-  show("heatmap");
+  const wanted = state.get("tab");
+  show(views.some(([v]) => v === wanted) ? wanted : "heatmap");
+  return show;
+}
+
+// The selection a link carries, made again (after every view, the timeline included, listens).
+function restore(show) {
+  const sel = state.get("sel") || "";
+  let m;
+  if ((m = /^cell:(-?\d+):(-?\d+)$/.exec(sel))) {
+    const hm = document.getElementById("heatmap");
+    if (hm.selectStep) hm.selectStep(Number(m[1]), Number(m[2]));
+  } else if ((m = /^coll:(\d+)$/.exec(sel))) {
+    const co = document.getElementById("collectives");
+    if (co.selectOccurrence) co.selectOccurrence(Number(m[1]));
+  } else if ((m = /^bd:(-?\d+):([\s\S]*)$/.exec(sel))) {
+    const bd = document.getElementById("breakdown");
+    if (bd.selectName) bd.selectName(Number(m[1]), m[2]);
+  } else if ((m = /^name:([^:]*):([\s\S]*)$/.exec(sel))) {
+    const st = document.getElementById("stats");
+    if (st.selectName) st.selectName(m[1], m[2]);
+  }
+  const tab = state.get("tab");
+  if (tab) show(tab);
 }
 
 async function main() {
@@ -80,14 +108,21 @@ async function main() {
   document.getElementById("notes-box").hidden = doc.notes.length === 0;
   const bus = makeBus();
   openNow.render(doc, document.getElementById("open"), bus);
-  tabs(doc);
+  const show = tabs(doc);
   heatmap.render(doc, document.getElementById("heatmap"), bus);
   stats.render(doc, document.getElementById("stats"), bus);
+  breakdown.render(doc, document.getElementById("breakdown"), bus);
   collectives.render(doc, document.getElementById("collectives"), bus);
   if (doc.compare) compare.render(doc, document.getElementById("compare"), bus);
+  timeline.render(doc, document.getElementById("timeline"), bus);
+  restore(show);
+  // The sticky header's height, so a view scrolled into place stops below it.
+  const head = document.getElementById("top");
+  const fit = () => document.documentElement.style.setProperty("--head", `${head.offsetHeight}px`);
+  fit();
+  if (window.ResizeObserver) new ResizeObserver(fit).observe(head);
   document.body.dataset.ready = "1";
   window.gputraceReadyMs = performance.now();
-  timeline.render(doc, document.getElementById("timeline"), bus);
 }
 
 main();

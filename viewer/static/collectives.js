@@ -2,6 +2,7 @@
 // who arrived last and how long each other rank waited for it; per rank, how often it was last,
 // the wait it caused and the wait it suffered. All numbers come from gputrace's statistics.
 
+import * as state from "./state.js";
 import { el, fmtCount, fmtNs, fmtSigned, sortableTable } from "./util.js";
 
 export function render(doc, element, bus) {
@@ -86,8 +87,11 @@ export function render(doc, element, bus) {
     rowTestid: "collective-row",
     sortKey: "max_wait",
     limit: 200,
-    onRow: (row) => showDetail(row.j),
-    rowTitle: () => "click: arrival order and waits",
+    onRow: (row) => {
+      showDetail(row.j);
+      showRank(row.j, co.last_slot[row.j]);
+    },
+    rowTitle: () => "click: arrival order and waits, and the last arrival in the timeline",
   });
   lastFilter.addEventListener("change", () => {
     const v = lastFilter.value;
@@ -98,6 +102,21 @@ export function render(doc, element, bus) {
     el("div", { className: "controls" }, lastFilter),
     el("div", { className: "split" }, table, detail),
   );
+
+  // The timeline on rank slot s's part in occurrence j (its span selected), the others around it.
+  function showRank(j, s) {
+    state.write({ tab: "collectives", sel: `coll:${j}` });
+    if (s < 0 || co.arrival[s][j] === null) return;
+    const step = co.step[j];
+    const name = co.names[co.name[j]];
+    bus.emit("zoom", {
+      start: co.first[j],
+      end: co.last[j],
+      what: `${step === null ? "" : `step ${step}, `}'${name}' #${co.ordinal[j] + 1}, ${doc.labels[s]}${s === co.last_slot[j] ? " (last to arrive)" : ""}`,
+      slot: s,
+      span: { start: co.arrival[s][j], end: co.end[s][j], name },
+    });
+  }
 
   function showDetail(j) {
     const order = [];
@@ -125,7 +144,12 @@ export function render(doc, element, bus) {
       bar.append(waitPart, runPart);
       return el(
         "tr",
-        { "data-testid": "collective-arrival", className: s === lastSlot ? "last" : undefined },
+        {
+          "data-testid": "collective-arrival",
+          className: s === lastSlot ? "last clickable" : "clickable",
+          title: "click: this rank's part in the timeline",
+          onclick: () => showRank(j, s),
+        },
         el("td", { text: `rank ${doc.ranks[s]}` }),
         el("td", { className: "num", text: a === 0 ? "first" : `+${fmtNs(a)}` }),
         el("td", { className: "num", text: s === lastSlot ? "last" : fmtNs(w) }),
@@ -145,7 +169,7 @@ export function render(doc, element, bus) {
         type: "button",
         "data-testid": "collective-show",
         text: "show in the timeline",
-        onclick: () => bus.emit("zoom", { start: first, end: lastEnd, what: head }),
+        onclick: () => showRank(j, lastSlot),
       }),
     );
   }
@@ -154,4 +178,11 @@ export function render(doc, element, bus) {
   for (let j = 1; j < co.count; j++) if (co.max_wait[j] > co.max_wait[longest]) longest = j;
   showDetail(longest);
   element.showDetail = showDetail;
+  // A link's selection: occurrence j, its detail shown and its last arrival in the timeline.
+  element.selectOccurrence = (j) => {
+    if (!(j >= 0 && j < co.count)) return false;
+    showDetail(j);
+    showRank(j, co.last_slot[j]);
+    return true;
+  };
 }

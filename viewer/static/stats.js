@@ -2,6 +2,7 @@
 // one rank on demand; sortable by any column; a click on a row shows that name's slowest
 // instance in the timeline.
 
+import * as state from "./state.js";
 import { el, fmtCount, fmtNs, sortableTable } from "./util.js";
 
 export function render(doc, element, bus) {
@@ -27,6 +28,7 @@ export function render(doc, element, bus) {
     { key: at.name, label: "name", num: false },
     { key: at.count, label: "count", num: true, fmt: fmtCount },
     { key: at.total_ns, label: "total", num: true, fmt: ns },
+    { key: at.self_total_ns, label: "self", num: true, fmt: ns, title: "the total less the time of each span's children on its own track" },
     { key: at.mean_ns, label: "mean", num: true, fmt: ns },
     { key: at.p50_ns, label: "p50", num: true, fmt: ns },
     { key: at.p90_ns, label: "p90", num: true, fmt: ns },
@@ -64,18 +66,34 @@ export function render(doc, element, bus) {
         testid: "stats-table",
         rowTestid: "stats-row",
         sortKey: at.total_ns,
-        onRow: (row) =>
-          bus.emit("zoom", {
-            start: row[at.slowest_start_ns],
-            end: row[at.slowest_end_ns],
-            what: `the slowest '${row[at.name]}' (rank ${row[at.slowest_rank]}, ${fmtNs(row[at.max_ns])})`,
-          }),
+        onRow: (row) => showSlowest(row),
         rowTitle: (row) => `click: show the slowest '${row[at.name]}' (rank ${row[at.slowest_rank]}) in the timeline`,
       });
       holder.replaceChildren(table);
     } else table.redraw(shown);
     status.textContent = `${fmtCount(shown.length)} span names${one ? ` on rank ${doc.ranks[Number(scope.value)]}` : ""}${q ? " matching the filter" : ""}; click a row to see its slowest instance`;
   }
+  function showSlowest(row) {
+    state.write({ tab: "stats", sel: `name:${scope.value}:${row[at.name]}` });
+    const slot = doc.ranks.indexOf(row[at.slowest_rank]);
+    bus.emit("zoom", {
+      start: row[at.slowest_start_ns],
+      end: row[at.slowest_end_ns],
+      what: `the slowest '${row[at.name]}' (rank ${row[at.slowest_rank]}, ${fmtNs(row[at.max_ns])})`,
+      slot: slot >= 0 ? slot : undefined,
+      span: { start: row[at.slowest_start_ns], end: row[at.slowest_end_ns], name: row[at.name] },
+    });
+  }
+  // A link's selection: the name's row in a scope ("all" or a rank slot), its slowest shown.
+  element.selectName = (scopeValue, name) => {
+    if ([...scope.options].some((o) => o.value === scopeValue)) scope.value = scopeValue;
+    show();
+    const rows = scope.value === "all" ? allRows : doc.stats.by_rank[Number(scope.value)];
+    const row = rows.find((r) => r[at.name] === name);
+    if (!row) return false;
+    showSlowest(row);
+    return true;
+  };
   filter.addEventListener("input", show);
   scope.addEventListener("change", show);
   show();
