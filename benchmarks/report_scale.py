@@ -106,11 +106,8 @@ def measure(world: int, reports: int, every: int, spans: int) -> dict[str, list[
             raise SystemExit(f"a rank of the {world}-process group exited with {p.exitcode}")
     res: dict[str, list[float]] = {}
     for k in KINDS:
-        if k in (
-            "report flush",
-            "first report",
-            "bare all_gather",
-        ):  # a collective: the slowest rank's time, report by report
+        # A collective: the slowest rank's time, report by report.
+        if k in ("report flush", "first report", "bare all_gather"):
             n = len(got[0][k])
             res[k] = [max(got[r][k][i] for r in got) / 1e3 for i in range(n)]
         else:  # per rank: each flush
