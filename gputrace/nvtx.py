@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# Where nvtxRangePushA is looked for as a C symbol, in order: torch's CUDA library (through its
-# handle, so through the libraries it links, as the raw elapsed call is found), then the CUDA
-# toolkit's NVTX v3 library of real symbols and the NVTX v2 library.
+# Where nvtxRangePushA is looked for as a C symbol, in order: the CUDA toolkit's NVTX v3 library of
+# real symbols, then the NVTX v2 library. (torch compiles NVTX v3 in, header-only: its libraries
+# export no NVTX symbol; the one found sends ranges to the same tool, loaded by NVTX itself.)
 _LIBRARIES = ("libnvtx3interop.so.1", "libnvToolsExt.so.1")
 
 
@@ -57,14 +57,7 @@ def _torch_bindings() -> tuple[Callable[[str], Any], Callable[[], Any]] | None:
 
 def _c_functions() -> tuple[int, int, str] | None:
     """The addresses of nvtxRangePushA and nvtxRangePop, and the library, or None."""
-    from gputrace.cuda import loaded_library
-
-    names: list[str] = []
-    torch_cuda = loaded_library("libtorch_cuda.so")
-    if torch_cuda is not None:
-        names.append(torch_cuda)
-    names.extend(_LIBRARIES)
-    for name in names:
+    for name in _LIBRARIES:
         try:
             lib = ctypes.CDLL(name)
             push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
