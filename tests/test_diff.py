@@ -104,6 +104,16 @@ def test_medians_noise_and_order_from_the_traces(runs: tuple[Path, Path]) -> Non
     assert [c.name for c in diff.regressed(d, 4)] == ["step", "slow"]  # work: +5%, but noise
 
 
+def test_one_rank_runs_say_so(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", {"work": [10 * MS]})
+    b = write_run(tmp_path / "b", {"work": [10_300 * US]})  # +3%: beyond the 2.2% floor, no spread
+    d = diff.read([str(a)], [str(b)])
+    (work,) = d.names
+    assert work.a_spread_ns == work.b_spread_ns == 0 and not work.noise and work.regressed
+    assert d.notes == [f"run {x} has one rank: its spread is only how much one occurrence differs from the next"
+                       for x in "AB"]  # fmt: skip
+
+
 def test_digests_give_the_same_verdicts(runs: tuple[Path, Path]) -> None:
     a, b = runs
     files = diff.read([str(a)], [str(b)], full=True)
