@@ -27,19 +27,23 @@ Cost: sorting the rank's spans once per track; the rest is linear, with two bise
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate
+from itertools import accumulate, compress
 from operator import sub
+from typing import Any
+
+from gputrace import native
 
 Intervals = tuple[list[int], list[int]]  # sorted, disjoint [start, end) pairs as two columns
 
 
-def union(pairs: Iterable[tuple[int, int]]) -> Intervals:
+def _union_py(starts: Sequence[int], ends: Sequence[int]) -> Intervals:
     """The union of [start, end) intervals as sorted, disjoint intervals (touching ones joined)."""
     us: list[int] = []
     ue: list[int] = []
-    for a, b in sorted(pairs):
+    for a, b in sorted(zip(starts, ends)):
         if b <= a:
             continue
         if us and a <= ue[-1]:
@@ -51,10 +55,8 @@ def union(pairs: Iterable[tuple[int, int]]) -> Intervals:
     return us, ue
 
 
-def minus(x: Intervals, y: Intervals) -> Intervals:
+def _minus_py(xs: Sequence[int], xe: Sequence[int], ys: Sequence[int], ye: Sequence[int]) -> Intervals:
     """x less y, both sorted and disjoint."""
-    xs, xe = x
-    ys, ye = y
     us: list[int] = []
     ue: list[int] = []
     j = 0
@@ -74,9 +76,8 @@ def minus(x: Intervals, y: Intervals) -> Intervals:
     return us, ue
 
 
-def within(x: Intervals, starts: Sequence[int], ends: Sequence[int]) -> list[int]:
-    """For each window [starts[k], ends[k]): the length of x inside it (x sorted, disjoint)."""
-    us, ue = x
+def _within_py(us: Sequence[int], ue: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """For each window [starts[k], ends[k]): the length of (us, ue), sorted and disjoint, inside it."""
     prefix = list(accumulate(map(sub, ue, us), initial=0))
     out = []
     for a, b in zip(starts, ends):
@@ -89,6 +90,41 @@ def within(x: Intervals, starts: Sequence[int], ends: Sequence[int]) -> list[int
             continue
         out.append(prefix[j] - prefix[i] - (a - us[i] if us[i] < a else 0) - (ue[j - 1] - b if ue[j - 1] > b else 0))
     return out
+
+
+def _c_loops(hot: Any) -> None:
+    """Bind the C build's interval loops (None where gputrace.native has the Python twins in use)."""
+    global _union_c, _minus_c, _within_c
+    got = [getattr(hot, f"interval_{x}", None) if hot is not None else None for x in ("union", "minus", "within")]
+    _union_c, _minus_c, _within_c = got
+
+
+_union_c: Any = None
+_minus_c: Any = None
+_within_c: Any = None
+native.on_switch(_c_loops)
+
+
+def _q(v: Sequence[int]) -> array[int]:
+    return v if isinstance(v, array) and v.typecode == "q" else array("q", v)
+
+
+def union(starts: Sequence[int], ends: Sequence[int]) -> Intervals:
+    if _union_c is not None:
+        return _union_c(_q(starts), _q(ends))  # type: ignore[no-any-return]
+    return _union_py(starts, ends)
+
+
+def minus(xs: Sequence[int], xe: Sequence[int], ys: Sequence[int], ye: Sequence[int]) -> Intervals:
+    if _minus_c is not None:
+        return _minus_c(_q(xs), _q(xe), _q(ys), _q(ye))  # type: ignore[no-any-return]
+    return _minus_py(xs, xe, ys, ye)
+
+
+def within(us: Sequence[int], ue: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    if _within_c is not None:
+        return _within_c(_q(us), _q(ue), _q(starts), _q(ends))  # type: ignore[no-any-return]
+    return _within_py(us, ue, starts, ends)
 
 
 def is_ancestor(
@@ -143,25 +179,34 @@ def self_times(
 def rank_breakdown(
     step_starts: Sequence[int],
     step_ends: Sequence[int],
-    spans: Sequence[tuple[int, int, int, bool]],
-    transfers: Iterable[tuple[int, int]],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    tracks: Sequence[int],
+    colls: Sequence[bool],
+    transfers: tuple[Sequence[int], Sequence[int]],
     wait_ns: Sequence[int],
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """One rank's idle, collective wait, collective transfer and exposed collective time in each
-    step window. `spans`: the rank's spans other than steps and their ancestors, as (start, end,
-    track, is a collective); `transfers`: each of its collectives' time after the last rank
-    arrived; `wait_ns`: each step's time inside collectives."""
-    everything = union((s, e) for s, e, _, _ in spans)
-    idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(everything, step_starts, step_ends))]
-    transfer = within(union(transfers), step_starts, step_ends)
+    step window. The spans (`starts`, `ends`, `tracks`, and whether each is a collective): the
+    rank's spans other than steps and their ancestors; `transfers`: each of its collectives' time
+    after the last rank arrived (starts, ends); `wait_ns`: each step's time inside collectives."""
+    everything = union(starts, ends)
+    idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(*everything, step_starts, step_ends))]
+    transfer = within(*union(*transfers), step_starts, step_ends)
     wait = [w - x for w, x in zip(wait_ns, transfer)]
-    coll_tracks = sorted({t for _, _, t, c in spans if c})
-    exposed_pairs: list[tuple[int, int]] = []
+    coll_tracks = sorted(set(compress(tracks, colls)))
+    xs: list[int] = []
+    xe: list[int] = []
     for t in coll_tracks:
-        mine = union((s, e) for s, e, u, c in spans if c and u == t)
-        others = union((s, e) for s, e, u, c in spans if not c and u != t)
-        exposed_pairs += zip(*minus(mine, others))
-    exposed = within(union(exposed_pairs), step_starts, step_ends)
+        mine = [c and u == t for u, c in zip(tracks, colls)]
+        others = [not c and u != t for u, c in zip(tracks, colls)]
+        a, b = minus(
+            *union(list(compress(starts, mine)), list(compress(ends, mine))),
+            *union(list(compress(starts, others)), list(compress(ends, others))),
+        )
+        xs += a
+        xe += b
+    exposed = within(*union(xs, xe), step_starts, step_ends)
     return idle, wait, transfer, exposed
 
 

@@ -1,6 +1,7 @@
 """Why steps were slow, in words: the step breakdown turned into short sentences.
 
-Takes: a summary's `Steps` (with the breakdown, `gputrace.breakdown`) and its `Collectives`.
+Takes: a summary's `Steps` (with the breakdown, `gputrace.breakdown`), its `Collectives` and
+how times are written (`stats.fmt_ns`).
 Gives: sentences (`causes`), e.g. "rank 2 slowest in steps 40-44: 30.0 ms idle outside any span
 a step (the others 0.1 ms)" and "every rank: all_reduce transfer +18.0 ms a step in steps
 20-29", most time first. Two kinds:
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from statistics import median
+from typing import TYPE_CHECKING
 
-from gputrace.stats import Collectives, Steps, fmt_ns
+if TYPE_CHECKING:  # stats calls this module: it imports nothing of stats at run time
+    from gputrace.stats import Collectives, Steps
 
 #: A part of the step is raised on every rank when each rank's excess over its own median is
 #: more than this share of the median step time (and than NOISE_MADS spreads).
@@ -54,8 +57,9 @@ def _known(v: Sequence[int | None]) -> list[int]:
     return [x for x in v if x is not None]
 
 
-def causes(st: Steps, co: Collectives | None = None) -> list[str]:
-    """The causes in words, the largest first (each sentence once)."""
+def causes(st: Steps, co: Collectives | None, fmt_ns: Callable[[float], str]) -> list[str]:
+    """The causes in words, the largest first (each sentence once); times as `fmt_ns` writes
+    them."""
     found: list[tuple[int, str]] = []
     ranks = st.ranks
     if not ranks or not st.count:

@@ -23,14 +23,17 @@ import shutil
 import sys
 import textwrap
 import unicodedata
+from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import sub
+from itertools import accumulate, compress, repeat
+from operator import ge, sub
 from typing import Any
 
 from gputrace import breakdown as bd
+from gputrace import digest_breakdown as dbk
+from gputrace.causes import causes
 from gputrace.errors import GputraceError
 from gputrace.trace.model import Trace
 
@@ -281,6 +284,18 @@ def summarize(
     own: list[list[int]] = [[] for _ in range(nr)]
     for k, g in groups.items():
         own[k % stride].extend(g)
+    # ... and those a digest keeps as rows: named like the step or a collective, or marked one.
+    row_names = {n for n, x in enumerate(names) if n == step_id or WAIT_NAMES.search(x)}
+    marked_true = {i for i, c in marked.items() if c}
+    marked_true_names = {sp.name[i] for i in marked_true}
+    rows_of: list[list[int]] = [[] for _ in range(nr)]
+    for k, g in groups.items():
+        if k // stride == step_id:
+            continue  # the breakdown's spans are the step's content
+        if k // stride in row_names:
+            rows_of[k % stride].extend(g)
+        elif k // stride in marked_true_names:
+            rows_of[k % stride].extend(i for i in g if i in marked_true)
 
     # Warm-up: spans of a rank that start before its first kept step.
     warmup = [0] * nr
@@ -301,10 +316,10 @@ def summarize(
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
     dur = list(map(sub, end, start))
-    selfs: dict[int, int] = {}
-    for s in range(nr):
-        selfs.update(bd.self_times(own[s], sp.track, start, end))
-    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, selfs)
+    row_mask = bytes(n in row_names for n in range(len(names)))
+    local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
+    children = {k: c for loc in local for k, c in loc[1].items()}
+    by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, children)
 
     # Collectives: spans the user marked, else spans named like one (never the step span).
     marked_names = {sp.name[i] for i, c in marked.items() if c}
@@ -326,10 +341,6 @@ def summarize(
         )
     for s in range(nr):
         coll_idx[s].sort(key=start.__getitem__)
-    if marked_names:
-        is_coll = lambda i: marked.get(i, False)  # noqa: E731
-    else:
-        is_coll = lambda i: sp.name[i] in wait_names and marked.get(i, True)  # noqa: E731
 
     anchor = [_anchor_uncertainty(rank_meta[r]) for r in ranks]
     align_err, aligned = _alignment_errors(trace, ranks)
@@ -348,7 +359,11 @@ def summarize(
     elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
         notes += _clock_notes(trace, ranks, rank_meta, aligned)
     if steps is not None:
-        steps = _breakdown(trace, steps, step_idx, own, cover, collectives, is_coll, set(unknown_breakdown))
+        covers = [loc[0] for loc in local]
+        colls = {i for v in coll_idx.values() for i in v}
+        steps = _breakdown(trace, steps, step_idx, rows_of, covers, cover, collectives, colls, set(unknown_breakdown))
+        if trace.spans.entry is not None:
+            steps = _launch_lags(trace, steps, own)
 
     kept = [0] * nr
     for k, g in groups.items():
@@ -414,7 +429,7 @@ def _name_stats(
     dur: list[int],
     start: Sequence[int],
     end: Sequence[int],
-    selfs: dict[int, int],
+    children: dict[int, int],
 ) -> tuple[dict[int, list[NameStats]], list[NameStats]]:
     by_name: dict[int, list[int]] = {}
     for k in groups:
@@ -438,7 +453,7 @@ def _name_stats(
             inst = Instance(r, start[i], end[i])
             if ds[-1] > longest:
                 slowest, longest = inst, ds[-1]
-            own_self = sum(map(selfs.__getitem__, g))
+            own_self = totals[r] - children.get(k, 0)
             self_total += own_self
             by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst, own_self))
             runs.extend(ds)
@@ -644,67 +659,124 @@ def _steps(
     )
 
 
+def _local(
+    trace: Trace,
+    own: list[int],
+    rows: list[int],
+    row_mask: bytes,
+    steps: list[int],
+    skip: int,
+    stride: int,
+    slot: int,
+) -> tuple[tuple[list[int], list[int], list[int]], dict[int, int]]:
+    """One rank's cover (the union per track of its spans that are not rows of a digest nor a
+    step's ancestor) and its kept spans' children's time per group key (name * stride + slot),
+    by the digest's own loops (`gputrace.digest_breakdown`), over its spans in the order written."""
+    sp = trace.spans
+    idx = sorted(own)
+    if idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
+        lo, hi = idx[0], idx[-1] + 1
+        names, tracks = array("l", sp.name[lo:hi]), array("l", sp.track[lo:hi])
+        starts, ends = array("q", sp.start[lo:hi]), array("q", sp.end[lo:hi])
+    else:
+        names = array("l", map(sp.name.__getitem__, idx))
+        tracks = array("l", map(sp.track.__getitem__, idx))
+        starts = array("q", map(sp.start.__getitem__, idx))
+        ends = array("q", map(sp.end.__getitem__, idx))
+    skip_rows = None
+    marked = [i for i in rows if not row_mask[sp.name[i]]]  # marked collective=True, not named like one
+    if marked:
+        b = bytearray(len(idx))
+        for i in marked:
+            b[bisect_left(idx, i)] = 1
+        skip_rows = bytes(b)
+    ss = array("q", (sp.start[i] for i in steps))
+    se = array("q", (sp.end[i] for i in steps))
+    st = array("q", (sp.track[i] for i in steps))
+    cover = dbk.cover_spans(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
+    # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
+    cut = array("q", [ss[skip]] if skip and len(ss) > skip else [])
+    e = array("q")
+    ck, cn, *_ = dbk.nest_spans(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+    kept = 1 if len(cut) else 0
+    children = {n * stride + slot: c for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept}
+    return cover, children
+
+
 def _breakdown(
     trace: Trace,
     steps: Steps,
     step_idx: dict[int, list[int]],
-    own: list[list[int]],
-    cover: list[list[int]],
+    rows: list[list[int]],
+    covers: list[tuple[list[int], list[int], list[int]]],
+    cover_spans: list[list[int]],
     collectives: Collectives | None,
-    is_coll: Callable[[int], bool],
+    colls: set[int],
     unknown: set[int],
 ) -> Steps:
-    """`steps` with each rank's breakdown (`gputrace.breakdown`) filled in."""
+    """`steps` with each rank's breakdown (`gputrace.breakdown`) filled in: from its rows (its
+    collective spans, others named like one, not its steps) and its cover, computed here
+    (`covers`) or a digest's (`cover_spans`). `colls`: the collective spans."""
     sp = trace.spans
-    start, end, track, name = sp.start, sp.end, sp.track, sp.name
-    step_id = sp.name[step_idx[next(iter(step_idx))][0]]
-    transfers: dict[int, list[tuple[int, int]]] = {r: [] for r in steps.ranks}
+    start, end, track = sp.start, sp.end, sp.track
+    transfers: dict[int, tuple[list[int], list[int]]] = {r: ([], []) for r in steps.ranks}
     if collectives is not None:
         for o in collectives.occurrences:
             last = o.arrivals[o.last_rank]
             for r, a in o.arrivals.items():
                 if r in transfers:
-                    transfers[r].append((max(a, last), o.ends[r]))
-    cuda = {t for t, x in enumerate(trace.tracks) if x.kind == "cuda"}
-    entry = sp.entry
+                    transfers[r][0].append(max(a, last))
+                    transfers[r][1].append(o.ends[r])
     slot = {r: s for s, r in enumerate(trace.ranks)}
     idle: dict[int, list[int | None]] = {}
     cwait: dict[int, list[int]] = {}
     ctransfer: dict[int, list[int]] = {}
     exposed: dict[int, list[int | None]] = {}
-    lag: dict[int, list[int | None]] = {}
     for r in steps.ranks:
         s = slot[r]
         ws, we = steps.start_ns[r], steps.end_ns[r]
         st = step_idx[s]  # the rank's finished steps in start order, warm-up included
         ss, se, strk = [start[i] for i in st], [end[i] for i in st], [track[i] for i in st]
-        spans = [
-            (start[i], end[i], track[i], bool(is_coll(i)))
-            for i in own[s]
-            if name[i] != step_id and not bd.is_ancestor(start[i], end[i], track[i], ss, se, strk)
-        ]
-        spans += [(start[i], end[i], track[i], False) for i in cover[s]]
-        i_, w_, t_, e_ = bd.rank_breakdown(ws, we, spans, transfers[r], steps.wait_ns[r])
+        # Only a span as long as a step can enclose one (be its ancestor).
+        least = min(map(sub, se, ss), default=0)
+        durs = map(sub, map(end.__getitem__, rows[s]), map(start.__getitem__, rows[s]))
+        long = set(compress(rows[s], map(ge, durs, repeat(least))))
+        ancestors = {i for i in long if bd.is_ancestor(start[i], end[i], track[i], ss, se, strk)}
+        mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
+        mine += cover_spans[s]
+        ct, cs, ce = covers[s]
+        i_, w_, t_, e_ = bd.rank_breakdown(
+            ws,
+            we,
+            [*map(start.__getitem__, mine), *cs],
+            [*map(end.__getitem__, mine), *ce],
+            [*map(track.__getitem__, mine), *ct],
+            [*map(colls.__contains__, mine), *repeat(False, len(ct))],
+            (transfers[r][0], transfers[r][1]),
+            steps.wait_ns[r],
+        )
         cwait[r], ctransfer[r] = w_, t_
-        if r in unknown:
-            idle[r] = [None] * len(ws)
-            exposed[r] = [None] * len(ws)
-            lag[r] = [None] * len(ws)
-            continue
-        idle[r], exposed[r] = list(i_), list(e_)
-        if entry is not None:
-            pairs = [(entry[i], start[i]) for i in sorted(own[s]) if track[i] in cuda and entry[i] > 0]
-            lag[r] = bd.launch_lags(ws, we, pairs)
-        else:
-            lag[r] = [None] * len(ws)
+        known = r not in unknown
+        idle[r] = list(i_) if known else [None] * len(ws)
+        exposed[r] = list(e_) if known else [None] * len(ws)
     return dataclasses.replace(
-        steps,
-        idle_ns=idle,
-        collective_wait_ns=cwait,
-        collective_transfer_ns=ctransfer,
-        exposed_collective_ns=exposed,
-        launch_lag_ns=lag,
+        steps, idle_ns=idle, collective_wait_ns=cwait, collective_transfer_ns=ctransfer, exposed_collective_ns=exposed
     )
+
+
+def _launch_lags(trace: Trace, steps: Steps, own: list[list[int]]) -> Steps:
+    """`steps` with each rank's launch lags, from the host entry times of its CUDA spans."""
+    sp = trace.spans
+    entry = sp.entry
+    assert entry is not None
+    cuda = [t.kind == "cuda" for t in trace.tracks]
+    slot = {r: s for s, r in enumerate(trace.ranks)}
+    lag: dict[int, list[int | None]] = {}
+    for r in steps.ranks:
+        idx = sorted(own[slot[r]])
+        pairs = [(entry[i], sp.start[i]) for i in idx if entry[i] > 0 and cuda[sp.track[i]]]
+        lag[r] = bd.launch_lags(steps.start_ns[r], steps.end_ns[r], pairs)
+    return dataclasses.replace(steps, launch_lag_ns=lag)
 
 
 def _collectives(
@@ -840,8 +912,6 @@ def _counts_json(c: RankCounts) -> dict[str, Any]:
 
 def to_json(summary: Summary) -> dict[str, Any]:
     """The summary as JSON-ready objects: every value labelled, ranks as string keys, times in ns."""
-    from gputrace.causes import causes  # it reads this module's types
-
     key = {r: str(r) for r in summary.ranks}
 
     def keyed(d: dict[int, Any]) -> dict[str, Any]:
@@ -888,7 +958,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
                 for v in st.verdicts
             ],
             "times_slowest": keyed(st.times_slowest),
-            "causes": causes(st, summary.collectives),
+            "causes": causes(st, summary.collectives, fmt_ns),
         }
     co = summary.collectives
     if co is not None:
@@ -1173,9 +1243,7 @@ def table(summary: Summary, width: int | None = None, by_rank: bool = False, top
                 )
 
     if st is not None:
-        from gputrace.causes import causes  # it reads this module's types
-
-        said = causes(st, s.collectives)
+        said = causes(st, s.collectives, fmt_ns)
         if said:
             out += _wrap("why:", width)
             for line in said[:top]:

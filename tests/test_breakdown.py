@@ -419,6 +419,97 @@ def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(see
             assert sum(py[1]) > 0 and len(py[2]) > 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) -> None:
+    import random
+
+    from gputrace import breakdown as bd
+
+    if bd._union_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+
+    def cols(n: int) -> tuple[array[int], array[int]]:
+        s = array("q", (rng.randrange(10**5) for _ in range(n)))
+        return s, array("q", (x + rng.choice([-3, 0, rng.randrange(50), rng.randrange(3000)]) for x in s))
+
+    for n in (0, 1, 40, 2000):
+        a = cols(n)
+        b = cols(rng.randrange(0, 300))
+        ua, ub = bd._union_py(*a), bd._union_py(*b)
+        assert bd._union_c(*a) == ua
+        assert bd._minus_c(*map(_arr, ua), *map(_arr, ub)) == bd._minus_py(*ua, *ub)
+        ws = sorted(rng.randrange(10**5) for _ in range(rng.randrange(0, 50)))
+        we = [w + rng.randrange(0, 5000) for w in ws]
+        assert bd._within_c(*map(_arr, ua), _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
+
+
+def test_the_python_twins_give_the_summary_and_digest_of_the_c_build() -> None:
+    from gputrace import native
+
+    if native.hot is None:
+        pytest.skip("the C build is not in use")
+    traces = [rank_trace(r) for r in range(2)]
+    fast = [stats.to_json(stats.summarize(t)) for t in traces]
+    docs = [digest.from_trace(t, "step") for t in traces]
+    with native.using(False):
+        assert digest_breakdown._nest_c is None
+        assert [stats.to_json(stats.summarize(t)) for t in traces] == fast
+        assert [digest.from_trace(t, "step") for t in traces] == docs
+
+
+def _arr(v: list[int]) -> array[int]:
+    return array("q", v)
+
+
+def _downgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A digest as version 1 wrote it: no cover, self times or launch lags."""
+    old = {k: v for k, v in doc.items() if k not in ("cover", "launch_lag")}
+    old["format"] = "gputrace-digest/1"
+    old["stats"] = {k: v for k, v in doc["stats"].items() if k != "self"}
+    return old
+
+
+def test_old_digests_are_read_again_from_their_traces_or_their_breakdown_is_unknown(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    alone = tmp_path / "alone"
+    both = tmp_path / "both"
+    alone.mkdir()
+    both.mkdir()
+    for r in range(2):
+        trace = rank_trace(r, world=2, steps=8, entries=False)
+        path = str(both / f"trace_rank{r}.json")
+        chrome.write(trace, path)
+        doc = digest.from_trace(trace, "step", path)
+        digestfile.write(_downgrade(doc), digestfile.digest_path(path))
+        (alone / f"digest_rank{r}.digest").write_bytes((both / f"digest_rank{r}.digest").read_bytes())
+    # Without their traces: the step times and collectives are known, the rest said to be unknown.
+    s = summary.summary_of_files([str(alone)])
+    st = s.steps
+    assert st is not None and st.count == 8
+    assert all(x is None for r in (0, 1) for x in st.idle_ns[r] + st.exposed_collective_ns[r] + st.launch_lag_ns[r])
+    assert all(isinstance(x, int) for r in (0, 1) for x in st.collective_wait_ns[r] + st.collective_transfer_ns[r])
+    assert all(x.self_total_ns is None for x in s.names)
+    assert any("older version" in n and "not known" in n for n in s.notes)
+    r = CliRunner().invoke(main, ["summary", str(alone)])
+    assert r.exit_code == 0 and "older version" in r.output
+    assert r.output.splitlines()[1].split()[4] == "?"  # the self column, after "total" and its unit
+    # Beside their traces: computed from the traces, as if there were no digest.
+    s = summary.summary_of_files([str(both)])
+    full = summary.summary_of_files([str(both)], full=True)
+    assert "computed from the trace" in s.notes[0]
+    same_breakdown(full, s)
+
+
+def test_a_damaged_cover_is_one_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trace = rank_trace(0, world=1, steps=4, entries=False)
+    doc = digest.from_trace(trace, "step")
+    doc["cover"]["dur"] = doc["cover"]["dur"][:-1]
+    digestfile.write(doc, str(tmp_path / "digest_rank0.digest"))
+    r = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert "damaged gputrace digest" in r.output
+
+
 # ---- real gloo runs with planted causes ---------------------------------------------------------
 
 WORLD = 3

@@ -651,11 +651,150 @@ out:
     return result;
 }
 
+/* ---- interval sets of the step breakdown (breakdown.py: union, minus, within) ------------------- */
+
+typedef struct {
+    long long s, e;
+} Iv;
+
+static int iv_cmp(const void *a, const void *b) {
+    const Iv *x = a, *y = b;
+    if (x->s != y->s) return x->s < y->s ? -1 : 1;
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return 0;
+}
+
+static PyObject *pair_of_vecs(Vec *a, Vec *b) {
+    PyObject *x = list_ll(a->v, a->n), *y = x ? list_ll(b->v, b->n) : NULL;
+    PyObject *t = y ? PyTuple_Pack(2, x, y) : NULL;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return t;
+}
+
+PyDoc_STRVAR(interval_union_doc,
+             "interval_union(starts, ends, /)\n--\n\n"
+             "breakdown.union: the union of [start, end) intervals as sorted, disjoint (starts, ends).");
+static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
+    PyObject *so, *eo;
+    if (!PyArg_ParseTuple(args, "OO", &so, &eo)) return NULL;
+    Col a = {0}, b = {0};
+    Iv *v = NULL;
+    Vec us = {0}, ue = {0};
+    PyObject *result = NULL;
+    if (col_read(&a, so) < 0 || col_read(&b, eo) < 0) goto out;
+    if (a.n != b.n) {
+        PyErr_SetString(PyExc_ValueError, "interval_union: columns of different lengths");
+        goto out;
+    }
+    v = PyMem_Malloc(sizeof(Iv) * (size_t)(a.n ? a.n : 1));
+    if (!v) { PyErr_NoMemory(); goto out; }
+    Py_ssize_t m = 0;
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < a.n; i++) {
+        if (b.v[i] <= a.v[i]) continue;
+        v[m].s = a.v[i];
+        v[m].e = b.v[i];
+        if (m && iv_cmp(&v[m - 1], &v[m]) > 0) sorted = 0;
+        m++;
+    }
+    if (!sorted) qsort(v, (size_t)m, sizeof(Iv), iv_cmp);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (us.n && v[i].s <= ue.v[ue.n - 1]) {
+            if (v[i].e > ue.v[ue.n - 1]) ue.v[ue.n - 1] = v[i].e;
+        } else if (vec_push(&us, v[i].s) < 0 || vec_push(&ue, v[i].e) < 0) {
+            goto out;
+        }
+    }
+    result = pair_of_vecs(&us, &ue);
+out:
+    Py_XDECREF(a.keep);
+    Py_XDECREF(b.keep);
+    PyMem_Free(v);
+    vec_free(&us);
+    vec_free(&ue);
+    return result;
+}
+
+PyDoc_STRVAR(interval_minus_doc,
+             "interval_minus(xs, xe, ys, ye, /)\n--\n\n"
+             "breakdown.minus: x less y, both sorted and disjoint, as (starts, ends).");
+static PyObject *hot_interval_minus(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    Vec us = {0}, ue = {0};
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_minus: columns of different lengths");
+        goto out;
+    }
+    const long long *xs = c[0].v, *xe = c[1].v, *ys = c[2].v, *ye = c[3].v;
+    Py_ssize_t ny = c[2].n, j = 0;
+    for (Py_ssize_t i = 0; i < c[0].n; i++) {
+        long long a = xs[i], b = xe[i];
+        while (j < ny && ye[j] <= a) j++;
+        for (Py_ssize_t k = j; a < b && k < ny && ys[k] < b; k++) {
+            if (ys[k] > a && (vec_push(&us, a) < 0 || vec_push(&ue, ys[k]) < 0)) goto out;
+            if (ye[k] > a) a = ye[k];
+        }
+        if (a < b && (vec_push(&us, a) < 0 || vec_push(&ue, b) < 0)) goto out;
+    }
+    result = pair_of_vecs(&us, &ue);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    vec_free(&us);
+    vec_free(&ue);
+    return result;
+}
+
+PyDoc_STRVAR(interval_within_doc,
+             "interval_within(us, ue, ws, we, /)\n--\n\n"
+             "breakdown.within: for each window [ws[k], we[k]), the length of the sorted, disjoint\n"
+             "intervals (us, ue) inside it.");
+static PyObject *hot_interval_within(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    long long *prefix = NULL, *got = NULL;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_within: columns of different lengths");
+        goto out;
+    }
+    const long long *us = c[0].v, *ue = c[1].v, *ws = c[2].v, *we = c[3].v;
+    Py_ssize_t n = c[0].n, nw = c[2].n;
+    prefix = PyMem_Malloc(sizeof(long long) * (size_t)(n + 1));
+    got = PyMem_Malloc(sizeof(long long) * (size_t)(nw ? nw : 1));
+    if (!prefix || !got) { PyErr_NoMemory(); goto out; }
+    prefix[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) prefix[i + 1] = prefix[i] + (ue[i] - us[i]);
+    for (Py_ssize_t k = 0; k < nw; k++) {
+        long long a = ws[k], b = we[k];
+        Py_ssize_t i = bisect_right_ll(ue, n, a), j = bisect_left_ll(us, n, b);
+        if (i >= j) { got[k] = 0; continue; }
+        got[k] = prefix[j] - prefix[i] - (us[i] < a ? a - us[i] : 0) - (ue[j - 1] > b ? ue[j - 1] - b : 0);
+    }
+    result = list_ll(got, nw);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    PyMem_Free(prefix);
+    PyMem_Free(got);
+    return result;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
     {"digest_cover", hot_digest_cover, METH_VARARGS, digest_cover_doc},
     {"digest_nest", hot_digest_nest, METH_VARARGS, digest_nest_doc},
+    {"interval_union", hot_interval_union, METH_VARARGS, interval_union_doc},
+    {"interval_minus", hot_interval_minus, METH_VARARGS, interval_minus_doc},
+    {"interval_within", hot_interval_within, METH_VARARGS, interval_within_doc},
     {NULL},
 };
 
