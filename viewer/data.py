@@ -148,7 +148,7 @@ def document(
         "phases": findings.phases(summary.steps, trace if len(trace.spans) else None)
         if summary.steps is not None
         else [],
-        "causes": causes(summary.steps, summary.collectives) if summary.steps is not None else [],
+        "causes": causes(summary.steps, summary.collectives, stats.fmt_ns) if summary.steps is not None else [],
     }
 
 
