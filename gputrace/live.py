@@ -22,7 +22,7 @@ The file (version 1)::
      "stack": [{"name": "step", "since_ns": .., "track": "thread 1", "collective": null}, ...],
      "device": {"name": "matmul", "track": "cuda:0 stream 7", "since_ns": ..} or null,
      "collective": {"name": "all_reduce", "group": "", "ordinal": 30, "since_ns": ..} or null,
-     "counts": {"steps": 30, "collectives": {"": 30}}}
+     "counts": {"steps": 30, "collectives": {"": 30}}}   # as of the last rewrite
 
 `stack` is every open span of the rank, outermost first (its threads' host and device stacks
 merged by open time). `since_ns` of a host span is its start; of a CUDA span, its host entry
@@ -570,7 +570,9 @@ class OpenWatcher:
                 self._yield()
                 doc = self._document(*snap)
                 self._counts_written = doc["counts"]
-            body = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+            # What is open, without the running counts (informational: a change in them alone
+            # is no reason to write, and a finished file's are those of its last look).
+            body = orjson.dumps({**doc, "counts": None}, option=orjson.OPT_SORT_KEYS)
             self.ticks += 1
             # Unchanged: not written again. A finished file stays finished until what is open
             # changes (recording went on after the save).
