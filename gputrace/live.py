@@ -22,7 +22,7 @@ The file (version 1)::
      "stack": [{"name": "step", "since_ns": .., "track": "thread 1", "collective": null}, ...],
      "device": {"name": "matmul", "track": "cuda:0 stream 7", "since_ns": ..} or null,
      "collective": {"name": "all_reduce", "group": "", "ordinal": 30, "since_ns": ..} or null,
-     "counts": {"steps": 30, "collectives": {"": 30}}}
+     "counts": {"steps": 30, "collectives": {"": 30}}}   # as of the last rewrite
 
 `stack` is every open span of the rank, outermost first (its threads' host and device stacks
 merged by open time). `since_ns` of a host span is its start; of a CUDA span, its host entry
@@ -77,6 +77,9 @@ VERSION = 1
 RANK_GLOB = "open_rank*.open"
 #: How often the watcher looks, at most (a rewrite happens only when something changed).
 PERIOD_S = 1.0
+#: The verdict calls ranks waiting or in disagreement once each has sat in its innermost span this
+#: long (its open file is at most a period old); before that the ranks are moving.
+SETTLED_S = 3.0
 #: Device events asked per stream per look (a host far ahead of its GPU leaves many in flight).
 MAX_QUERIES = 64
 _SLICE = 4096  # pending spans counted between two yields of the interpreter
@@ -293,14 +296,17 @@ def _where(s: OpenState, now_ns: int, step: int | None = None) -> str:
 
 def verdict(states: dict[int, OpenState], now_ns: int | None = None) -> list[str]:
     """Where the ranks are, in words: empty when every rank finished with nothing open (a clean
-    run), else who waits in which collective for whom, or the first collective (by ordinal, per
-    group) where the ranks disagree."""
+    run); a line a rank while they move (some rank entered its innermost span less than
+    `SETTLED_S` ago: each file is up to a period old, so ranks a period apart would seem to
+    wait or disagree); once they sit still, who waits in which collective for whom, or the first
+    collective (by ordinal, per group) where the ranks disagree."""
     if not states:
         return []
     now = time.time_ns() if now_ns is None else now_ns
     if all(s.finished and not s.stack for s in states.values()):
         return []
-    lines = _where_they_are(states, now)
+    still = all(now - s.stack[-1].since_ns >= SETTLED_S * 1e9 for s in states.values() if s.stack)
+    lines = _where_they_are(states, now) if still else [f"{_ranks([r])} is {_where(s, now)}" for r, s in states.items()]
     worlds = {s.world_size for s in states.values()} - {None}
     if len(worlds) == 1:
         missing = sorted(set(range(worlds.pop() or 0)) - set(states))
@@ -570,7 +576,9 @@ class OpenWatcher:
                 self._yield()
                 doc = self._document(*snap)
                 self._counts_written = doc["counts"]
-            body = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+            # What is open, without the running counts (informational: a change in them alone
+            # is no reason to write, and a finished file's are those of its last look).
+            body = orjson.dumps({**doc, "counts": None}, option=orjson.OPT_SORT_KEYS)
             self.ticks += 1
             # Unchanged: not written again. A finished file stays finished until what is open
             # changes (recording went on after the save).

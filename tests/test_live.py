@@ -80,10 +80,19 @@ def poll(j: Job, out: Path, done: Callable[[dict[int, live.OpenState]], bool], t
     raise AssertionError(f"the open files never said so: {live.as_json(states)}")
 
 
+def still(states: dict[int, live.OpenState]) -> bool:
+    """Every rank has sat in its innermost span long enough for the verdict to call it."""
+    return all(time.time_ns() - s.stack[-1].since_ns >= live.SETTLED_S * 1e9 for s in states.values() if s.stack)
+
+
 def hung(states: dict[int, live.OpenState]) -> bool:
-    return [sp.name for sp in states[2].stack] == ["step", "data"] and all(
-        states[r].collective is not None and states[r].collective["name"] == "all_reduce"  # type: ignore[index]
-        for r in (0, 1, 3)
+    return (
+        [sp.name for sp in states[2].stack] == ["step", "data"]
+        and all(
+            states[r].collective is not None and states[r].collective["name"] == "all_reduce"  # type: ignore[index]
+            for r in (0, 1, 3)
+        )
+        and still(states)
     )
 
 
@@ -226,7 +235,11 @@ def test_a_desynced_job_names_the_first_collective_where_ranks_disagree(
     job: Callable[..., Job], tmp_path: Path
 ) -> None:
     j = job("desync")
-    poll(j, tmp_path, lambda s: all(x.collective is not None for x in s.values()))
+    poll(
+        j,
+        tmp_path,
+        lambda s: all(x.collective is not None and x.collective["ordinal"] == 30 for x in s.values()) and still(s),
+    )
     j.kill()
     doc = summary_json(tmp_path)
     (line,) = doc["open_verdict"]
@@ -243,7 +256,16 @@ def test_a_desynced_job_names_the_first_collective_where_ranks_disagree(
 
 
 def test_a_clean_run_does_not_look_hung(job: Callable[..., Job], tmp_path: Path) -> None:
-    j = job("clean", 5)
+    j = job("clean", 400)
+    looked = 0
+    while any(p.poll() is None for p in j.procs):  # while it runs: ranks move, no one is called stuck
+        states = live.read_all([str(tmp_path)])
+        if len(states) == WORLD and not any(s.finished for s in states.values()):
+            lines = live.verdict(states)
+            assert lines and not [x for x in lines if "wait in" in x or "desync" in x], lines
+            looked += 1
+        time.sleep(0.05)
+    assert looked > 5
     for p in j.procs:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err
