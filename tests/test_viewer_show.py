@@ -134,6 +134,12 @@ def test_the_url_holds_the_view_and_a_link_restores_it(browser: Any, still_ui: s
             page.click("[data-testid=tab-stats]")
             page.locator("[data-testid=stats-row]", has_text="compute").click()
             stats_link = href(page)
+            page.click("[data-testid=tab-breakdown]")
+            heads = page.locator("[data-testid=breakdown-matrix] thead th").all_inner_texts()
+            row = page.locator("[data-testid=breakdown-row][data-rank='2']")
+            row.locator("td").nth(heads.index("compute") - 1).click()
+            matrix_link = href(page)
+            assert "tab=breakdown" in matrix_link and "sel=bd%3A2%3Acompute" in matrix_link
         finally:
             page.close()
 
@@ -152,6 +158,12 @@ def test_the_url_holds_the_view_and_a_link_restores_it(browser: Any, still_ui: s
             step = doc["collectives"]["step"][j]
             assert page.inner_text("[data-testid=collective-detail] h4").startswith(f"step {step},")
             assert f"step {step}, 'all_reduce'" in page.inner_text("[data-testid=timeline-status]")
+        finally:
+            page.close()
+        page = open_page(browser, matrix_link)
+        try:
+            assert page.get_attribute("[data-testid=tab-breakdown]", "aria-selected") == "true"
+            assert "rank 2's slowest 'compute'" in page.inner_text("[data-testid=timeline-status]")
         finally:
             page.close()
         page = open_page(browser, stats_link)
