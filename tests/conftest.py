@@ -86,12 +86,13 @@ def install(fake: FakeDevice | None = None, **options: Any) -> Recorder:
 
 
 def spans_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    """X events with absolute `start`/`end` ns and the track name added."""
+    """X events with absolute `start`/`end` ns and the track name added (not the zero-length
+    sources of launch arrows: they are not spans)."""
     base = trace["baseTimeNanoseconds"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
     out = []
     for e in trace["traceEvents"]:
-        if e["ph"] == "X":
+        if e["ph"] == "X" and e.get("cat") != "launch":
             start = base + round(e["ts"] * 1000)
             out.append(
                 {**e, "start": start, "end": start + round(e["dur"] * 1000), "track": names[(e["pid"], e["tid"])]}

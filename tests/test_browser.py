@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 import gputrace
@@ -58,12 +59,15 @@ def test_per_rank_trace_with_streams_and_misuse(ui, tmp_path) -> None:  # type: 
     path = Path(gputrace.save(tmp_path))
     r = ui.report(path)
     assert r["errors"] == []
-    assert r["slices"] == x_events(path) == 5 * 4 + 3
+    launches = sum(e.get("cat") == "launch" for e in orjson.loads(path.read_bytes())["traceEvents"])
+    assert x_events(path) == 5 * 4 + 3 and launches > 0  # the CUDA spans' launch arrows start on slices too
+    assert r["slices"] == x_events(path) + launches
     assert r["processes"] == ["rank 0 (" + __import__("socket").gethostname() + ", Fake GPU 0)"]
     assert r["threads"] == sorted(
         [
             "cuda:0 default stream",
             "cuda:0 stream 1",
+            "launches (host)",
             "thread MainThread (host)",
             "thread MainThread (host) (overflow 1)",
         ]

@@ -26,6 +26,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 import gputrace
 from gputrace.errors import TraceFormatError
 from gputrace.trace import chrome, layout, perfetto
+from gputrace.trace.layout import LAUNCH_TRACK
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.trace.registry import detect
 
@@ -293,7 +294,13 @@ def test_nests_as_the_json_of_the_same_trace(seed: int, monkeypatch: pytest.Monk
 
 def test_recorded_run_nests_as_its_json(tmp_path: Path) -> None:
     json_path, proto_path = recorded_run(tmp_path)
-    assert proto_import(proto_path.read_bytes()) == json_import(json_path.read_bytes())
+    # The spans; the launch arrows' sources (instants in protobuf, zero-length slices in JSON) are
+    # checked in Perfetto's own UI by test_flows.
+    def spans(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return [r for r in rows if r[1] != LAUNCH_TRACK]
+
+    assert spans(proto_import(proto_path.read_bytes())) == spans(json_import(json_path.read_bytes()))
+    assert any(r[1] == LAUNCH_TRACK for r in json_import(json_path.read_bytes()))  # the recording has CUDA spans
     assert spans_of(perfetto.read(str(proto_path))) == spans_of(chrome.read(str(json_path)))
 
 
