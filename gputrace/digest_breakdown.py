@@ -52,6 +52,8 @@ def _cover_py(
     """The union per track of the spans that are not set in `skip`, not of a name set in
     `row_mask`, not other tools' (track < 0), not empty or inverted, and not a step's ancestor:
     (track, start, end) of disjoint intervals, by track then start."""
+    # Only a span as long as the shortest step can enclose one: the others skip the lookup.
+    least = min(map(sub, step_ends, step_starts), default=None)
     keep = [
         (t, s, e)
         for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
@@ -59,7 +61,7 @@ def _cover_py(
         and e > s
         and not (skip is not None and skip[i])
         and not (0 <= k < len(row_mask) and row_mask[k])
-        and not is_ancestor(s, e, t, step_starts, step_ends, step_tracks)
+        and (least is None or e - s < least or not is_ancestor(s, e, t, step_starts, step_ends, step_tracks))
     ]
     keep.sort()
     ot: list[int] = []
@@ -97,14 +99,14 @@ def _nest_py(
     track then start); and the spans that took every carried span of their track whose start is
     at or before `floor[track]` (the latest start summed up there; a track past the end of
     `floor` has none) as key, track, start."""
-    order = sorted(
-        (
-            i
+    order = [
+        x[3]
+        for x in sorted(
+            (t, e, -s, i)
             for i, (t, s, e) in enumerate(zip(tracks, starts, ends))
             if t >= 0 and e >= s and not (skip is not None and skip[i])
-        ),
-        key=lambda i: (tracks[i], ends[i], -starts[i]),
-    )
+        )
+    ]
     stacks: dict[int, list[tuple[int, int]]] = {}
     for t, s, e in zip(carry_tracks, carry_starts, carry_ends):
         stacks.setdefault(t, []).append((s, e))
@@ -114,23 +116,28 @@ def _nest_py(
     bk: list[int] = []
     bt: list[int] = []
     bs: list[int] = []
+    track = None
+    st: list[tuple[int, int]] = []
     for i in order:
         t, s = tracks[i], starts[i]
-        st = stacks.setdefault(t, [])
-        c = 0
-        while st and st[-1][0] >= s:
-            a, b = st.pop()
-            c += b - a
-        key = names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
-        if c:
-            j = index.get(key)
-            if j is None:
-                j = index[key] = len(ck)
-                ck.append(key)
-                cn.append(0)
-            cn[j] += c
+        if t != track:
+            track = t
+            st = stacks.setdefault(t, [])
+        if st and st[-1][0] >= s:
+            c = 0
+            while st and st[-1][0] >= s:
+                a, b = st.pop()
+                c += b - a
+            key = names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
+            if c:
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = len(ck)
+                    ck.append(key)
+                    cn.append(0)
+                cn[j] += c
         if not st and t < len(floor) and s <= floor[t]:
-            bk.append(key)
+            bk.append(names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1))
             bt.append(t)
             bs.append(s)
         st.append((s, ends[i]))
