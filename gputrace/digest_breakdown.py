@@ -25,8 +25,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import repeat
-from operator import sub
+from itertools import accumulate, compress, repeat
+from operator import and_, ge, gt, le, sub
 from typing import Any
 
 from gputrace import native
@@ -52,29 +52,47 @@ def _cover_py(
     """The union per track of the spans that are not set in `skip`, not of a name set in
     `row_mask`, not other tools' (track < 0), not empty or inverted, and not a step's ancestor:
     (track, start, end) of disjoint intervals, by track then start."""
-    # Only a span as long as the shortest step can enclose one: the others skip the lookup.
+    # Column operations where they do (this runs in the recording process without the C build):
+    # a mask only where some span must be left out, the ancestor lookup only for spans as long as
+    # the shortest step, the union from running maxima of the ends.
+    n = len(starts)
+    keep: Sequence[bool] | None = None
+    if (
+        skip is not None
+        or (n and min(tracks) < 0)
+        or any(map(le, ends, starts))
+        or any(map(row_mask.__getitem__, (k for k in set(names) if 0 <= k < len(row_mask))))
+    ):
+        keep = [
+            t >= 0 and e > s and not (skip is not None and skip[i]) and not (0 <= k < len(row_mask) and row_mask[k])
+            for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
+        ]
     least = min(map(sub, step_ends, step_starts), default=None)
-    keep = [
-        (t, s, e)
-        for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
-        if t >= 0
-        and e > s
-        and not (skip is not None and skip[i])
-        and not (0 <= k < len(row_mask) and row_mask[k])
-        and (least is None or e - s < least or not is_ancestor(s, e, t, step_starts, step_ends, step_tracks))
-    ]
-    keep.sort()
+    if least is not None:
+        long = map(ge, map(sub, ends, starts), repeat(least))
+        candidates = compress(range(n), long if keep is None else map(and_, keep, long))
+        ancestors = {
+            i for i in candidates if is_ancestor(starts[i], ends[i], tracks[i], step_starts, step_ends, step_tracks)
+        }
+        if ancestors:
+            keep = [(keep is None or keep[i]) and i not in ancestors for i in range(n)]
+    picked = zip(tracks, starts, ends) if keep is None else compress(zip(tracks, starts, ends), keep)
+    pieces = sorted(picked)
     ot: list[int] = []
     os_: list[int] = []
     oe: list[int] = []
-    for t, s, e in keep:
-        if ot and ot[-1] == t and s <= oe[-1]:
-            if e > oe[-1]:
-                oe[-1] = e
-        else:
-            ot.append(t)
-            os_.append(s)
-            oe.append(e)
+    lo = 0
+    while lo < len(pieces):
+        t = pieces[lo][0]
+        hi = bisect_left(pieces, (t + 1,), lo)
+        ss = [p[1] for p in pieces[lo:hi]]
+        reach = list(accumulate((p[2] for p in pieces[lo:hi]), max))
+        # A new interval where a start is past every end before it.
+        breaks = list(map(gt, ss[1:], reach[:-1]))
+        os_ += [ss[0], *compress(ss[1:], breaks)]
+        oe += [*compress(reach[:-1], breaks), reach[-1]]
+        ot += repeat(t, len(os_) - len(ot))
+        lo = hi
     return ot, os_, oe
 
 
