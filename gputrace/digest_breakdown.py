@@ -26,7 +26,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
-from operator import and_, ge, gt, le, sub
+from operator import and_, ge, gt, le, lt, sub
 from typing import Any
 
 from gputrace import native
@@ -117,14 +117,31 @@ def _nest_py(
     track then start); and the spans that took every carried span of their track whose start is
     at or before `floor[track]` (the latest start summed up there; a track past the end of
     `floor` has none) as key, track, start."""
-    order = [
-        x[3]
-        for x in sorted(
-            (t, e, -s, i)
+    if skip is None and (not tracks or min(tracks) >= 0) and not any(map(gt, starts, ends)):
+        taken: Sequence[int] = range(len(starts))
+    else:
+        taken = [
+            i
             for i, (t, s, e) in enumerate(zip(tracks, starts, ends))
             if t >= 0 and e >= s and not (skip is not None and skip[i])
-        )
-    ]
+        ]
+    # By track (stable), then by end and start descending: a track's spans written in end order
+    # (children before parents, as recorded) are in that order already.
+    by_track = sorted(taken, key=tracks.__getitem__)
+    order: list[int] = []
+    lo = 0
+    while lo < len(by_track):
+        t = tracks[by_track[lo]]
+        hi = lo + 1
+        while hi < len(by_track) and tracks[by_track[hi]] == t:
+            hi += 1
+        part = by_track[lo:hi]
+        part_ends = list(map(ends.__getitem__, part))
+        if all(map(lt, part_ends, part_ends[1:])):
+            order += part
+        else:
+            order += sorted(part, key=lambda i: (ends[i], -starts[i]))
+        lo = hi
     stacks: dict[int, list[tuple[int, int]]] = {}
     for t, s, e in zip(carry_tracks, carry_starts, carry_ends):
         stacks.setdefault(t, []).append((s, e))
