@@ -26,7 +26,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
-from operator import and_, ge, gt, le, lt, sub
+from operator import and_, ge, gt, itemgetter, le, lt, sub
 from typing import Any
 
 from gputrace import native
@@ -85,8 +85,8 @@ def _cover_py(
     while lo < len(pieces):
         t = pieces[lo][0]
         hi = bisect_left(pieces, (t + 1,), lo)
-        ss = [p[1] for p in pieces[lo:hi]]
-        reach = list(accumulate((p[2] for p in pieces[lo:hi]), max))
+        ss = list(map(itemgetter(1), pieces[lo:hi]))
+        reach = list(accumulate(map(itemgetter(2), pieces[lo:hi]), max))
         # A new interval where a start is past every end before it.
         breaks = list(map(gt, ss[1:], reach[:-1]))
         os_ += [ss[0], *compress(ss[1:], breaks)]
