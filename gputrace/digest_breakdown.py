@@ -25,8 +25,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import repeat
-from operator import sub
+from itertools import accumulate, compress, repeat
+from operator import and_, ge, gt, itemgetter, le, lt, sub
 from typing import Any
 
 from gputrace import native
@@ -52,27 +52,47 @@ def _cover_py(
     """The union per track of the spans that are not set in `skip`, not of a name set in
     `row_mask`, not other tools' (track < 0), not empty or inverted, and not a step's ancestor:
     (track, start, end) of disjoint intervals, by track then start."""
-    keep = [
-        (t, s, e)
-        for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
-        if t >= 0
-        and e > s
-        and not (skip is not None and skip[i])
-        and not (0 <= k < len(row_mask) and row_mask[k])
-        and not is_ancestor(s, e, t, step_starts, step_ends, step_tracks)
-    ]
-    keep.sort()
+    # Column operations where they do (this runs in the recording process without the C build):
+    # a mask only where some span must be left out, the ancestor lookup only for spans as long as
+    # the shortest step, the union from running maxima of the ends.
+    n = len(starts)
+    keep: Sequence[bool] | None = None
+    if (
+        skip is not None
+        or (n and min(tracks) < 0)
+        or any(map(le, ends, starts))
+        or any(map(row_mask.__getitem__, (k for k in set(names) if 0 <= k < len(row_mask))))
+    ):
+        keep = [
+            t >= 0 and e > s and not (skip is not None and skip[i]) and not (0 <= k < len(row_mask) and row_mask[k])
+            for i, (k, t, s, e) in enumerate(zip(names, tracks, starts, ends))
+        ]
+    least = min(map(sub, step_ends, step_starts), default=None)
+    if least is not None:
+        long = map(ge, map(sub, ends, starts), repeat(least))
+        candidates = compress(range(n), long if keep is None else map(and_, keep, long))
+        ancestors = {
+            i for i in candidates if is_ancestor(starts[i], ends[i], tracks[i], step_starts, step_ends, step_tracks)
+        }
+        if ancestors:
+            keep = [(keep is None or keep[i]) and i not in ancestors for i in range(n)]
+    picked = zip(tracks, starts, ends) if keep is None else compress(zip(tracks, starts, ends), keep)
+    pieces = sorted(picked)
     ot: list[int] = []
     os_: list[int] = []
     oe: list[int] = []
-    for t, s, e in keep:
-        if ot and ot[-1] == t and s <= oe[-1]:
-            if e > oe[-1]:
-                oe[-1] = e
-        else:
-            ot.append(t)
-            os_.append(s)
-            oe.append(e)
+    lo = 0
+    while lo < len(pieces):
+        t = pieces[lo][0]
+        hi = bisect_left(pieces, (t + 1,), lo)
+        ss = list(map(itemgetter(1), pieces[lo:hi]))
+        reach = list(accumulate(map(itemgetter(2), pieces[lo:hi]), max))
+        # A new interval where a start is past every end before it.
+        breaks = list(map(gt, ss[1:], reach[:-1]))
+        os_ += [ss[0], *compress(ss[1:], breaks)]
+        oe += [*compress(reach[:-1], breaks), reach[-1]]
+        ot += repeat(t, len(os_) - len(ot))
+        lo = hi
     return ot, os_, oe
 
 
@@ -97,14 +117,31 @@ def _nest_py(
     track then start); and the spans that took every carried span of their track whose start is
     at or before `floor[track]` (the latest start summed up there; a track past the end of
     `floor` has none) as key, track, start."""
-    order = sorted(
-        (
+    if skip is None and (not tracks or min(tracks) >= 0) and not any(map(gt, starts, ends)):
+        taken: Sequence[int] = range(len(starts))
+    else:
+        taken = [
             i
             for i, (t, s, e) in enumerate(zip(tracks, starts, ends))
             if t >= 0 and e >= s and not (skip is not None and skip[i])
-        ),
-        key=lambda i: (tracks[i], ends[i], -starts[i]),
-    )
+        ]
+    # By track (stable), then by end and start descending: a track's spans written in end order
+    # (children before parents, as recorded) are in that order already.
+    by_track = sorted(taken, key=tracks.__getitem__)
+    order: list[int] = []
+    lo = 0
+    while lo < len(by_track):
+        t = tracks[by_track[lo]]
+        hi = lo + 1
+        while hi < len(by_track) and tracks[by_track[hi]] == t:
+            hi += 1
+        part = by_track[lo:hi]
+        part_ends = list(map(ends.__getitem__, part))
+        if all(map(lt, part_ends, part_ends[1:])):
+            order += part
+        else:
+            order += sorted(part, key=lambda i: (ends[i], -starts[i]))
+        lo = hi
     stacks: dict[int, list[tuple[int, int]]] = {}
     for t, s, e in zip(carry_tracks, carry_starts, carry_ends):
         stacks.setdefault(t, []).append((s, e))
@@ -114,23 +151,28 @@ def _nest_py(
     bk: list[int] = []
     bt: list[int] = []
     bs: list[int] = []
+    track = None
+    st: list[tuple[int, int]] = []
     for i in order:
         t, s = tracks[i], starts[i]
-        st = stacks.setdefault(t, [])
-        c = 0
-        while st and st[-1][0] >= s:
-            a, b = st.pop()
-            c += b - a
-        key = names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
-        if c:
-            j = index.get(key)
-            if j is None:
-                j = index[key] = len(ck)
-                ck.append(key)
-                cn.append(0)
-            cn[j] += c
+        if t != track:
+            track = t
+            st = stacks.setdefault(t, [])
+        if st and st[-1][0] >= s:
+            c = 0
+            while st and st[-1][0] >= s:
+                a, b = st.pop()
+                c += b - a
+            key = names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1)
+            if c:
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = len(ck)
+                    ck.append(key)
+                    cn.append(0)
+                cn[j] += c
         if not st and t < len(floor) and s <= floor[t]:
-            bk.append(key)
+            bk.append(names[i] * nb + min(bisect_right(steps, s) if bucket < 0 else bucket, nb - 1))
             bt.append(t)
             bs.append(s)
         st.append((s, ends[i]))
