@@ -12,9 +12,10 @@ slow"; all on the timeline the spans are on, the merged and aligned one in `stat
   that wait + transfer is the step's time inside collectives (`Steps.wait_ns`);
 - exposed collective: collective time during which no work (a span that is not a collective, a
   step or a step's ancestor) is open on another track of the rank (another stream or thread);
-- launch lag: of the step's first CUDA span (the one the host entered first in the step, its
-  host entry time inside the step window), device start minus host entry; None where no CUDA
-  span with a known entry time was entered in the step;
+- launch lag: of the step's first CUDA span (the one that started first on the GPU inside the
+  step window: for a step timed on a CUDA stream, the step span itself), device start minus host
+  entry: how far the GPU ran behind the host as the step's work began; None where no CUDA span
+  with a known entry time started in the step;
 
 and per span, its self time: its duration less the time of its children, the spans that lie
 inside it on its own track that no span between them encloses (`self_times`).
@@ -213,11 +214,12 @@ def rank_breakdown(
 def launch_lags(
     step_starts: Sequence[int], step_ends: Sequence[int], entries: Sequence[tuple[int, int]]
 ) -> list[int | None]:
-    """Per step window: device start - host entry of the CUDA span entered first in it (the
-    first in `entries` among equal entries), or None. `entries`: (host entry, device start) of
-    the rank's CUDA spans whose entry is known, in the order written."""
-    firsts = sorted(range(len(entries)), key=lambda k: entries[k][0])
-    es = [entries[k][0] for k in firsts]
+    """Per step window: device start - host entry of the CUDA span that started first in it
+    (the first entered among equal starts), or None. `entries`: (host entry, device start) of
+    the rank's CUDA spans whose entry is known, in the order written. Placed by device start, not
+    by entry: the host enters the spans of a CUDA step before the step starts on the GPU."""
+    firsts = sorted(range(len(entries)), key=lambda k: (entries[k][1], entries[k][0]))
+    es = [entries[k][1] for k in firsts]
     out: list[int | None] = []
     for a, b in zip(step_starts, step_ends):
         j = bisect_left(es, a)

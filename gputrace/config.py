@@ -55,6 +55,13 @@ class Config:
         default="step",
         metadata={"help": "the span that marks one training step, for the step digest written beside the trace"},
     )
+    launch_arrows: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "draw an arrow from the host moment each CUDA span was entered to the span (the launch "
+            "queue); false leaves them out of the trace file (smaller), the step digest's launch lag stays"
+        },
+    )
     nvtx: bool = dataclasses.field(
         default=False,
         metadata={"help": "push and pop an NVTX range named like each span, so Nsight Systems shows the same ranges"},

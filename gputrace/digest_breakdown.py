@@ -14,7 +14,7 @@ and each span's aggregate key. Gives, for the digest document (`Local.document`)
   CARRY_SPANS of them; older ones are summed up per track, and a parent that takes only some of
   those makes its name's self time unknown rather than wrong);
 - `launch_lag`: per finished step (in start order), device start minus host entry of the CUDA
-  span entered first in the step (`breakdown.launch_lags`), or None.
+  span that started first in the step (`breakdown.launch_lags`), or None.
 
 The per-span work is two C loops (`_hot.digest_cover`, `_hot.digest_nest`); `_cover_py` and
 `_nest_py` are their references and the fallback.
@@ -301,8 +301,9 @@ class Local:
                 ue.append(b)
 
     def _place_entries(self, final: bool) -> None:
-        """Host entries into the known steps: the first entered of each step is kept; entries
-        past the last step known wait (unless `final`); others (between steps) are dropped."""
+        """Host entries into the known steps by device start: the first started of each step is
+        kept; those starting past the last step known wait (unless `final`); others (between
+        steps) are dropped."""
         self.lags, self.pending = self._placed(final)
 
     def _placed(self, final: bool) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int]]]:
@@ -310,13 +311,13 @@ class Local:
         last_end = max(se) if se else None
         lags = dict(self.lags)
         wait = []
-        for x, s in self.pending:
-            j = bisect_right(ss, x) - 1
-            if j >= 0 and x < se[j]:
+        for x, s in self.pending:  # placed by device start, as `breakdown.launch_lags` places them
+            j = bisect_right(ss, s) - 1
+            if j >= 0 and s < se[j]:
                 got = lags.get(ss[j])
-                if got is None or x < got[0]:
+                if got is None or (s, x) < (got[1], got[0]):
                     lags[ss[j]] = (x, s)
-            elif not final and (last_end is None or x >= last_end):
+            elif not final and (last_end is None or s >= last_end):
                 wait.append((x, s))
         return lags, wait
 

@@ -369,7 +369,7 @@ class Session:
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         # The sinks every flush feeds, in this order: the digest is written once its trace is.
         step = self.config.step_name
-        self.sinks = [StreamSink(self.stream), StreamDigest(path, step, base, process.label, self._digest_written)]
+        self.sinks = [StreamSink(self.stream, self.config.launch_arrows), StreamDigest(path, step, base, process.label, self._digest_written)]
         watcher = self._watch(rec)
         if watcher is not None:
             with rec._lock:
@@ -538,7 +538,7 @@ class Session:
                     sink.add(trace)
 
             write_trace(
-                trace,
+                trace if self.config.launch_arrows else trace.without_entry(),
                 target,
                 fmt or registry.for_path(target),
                 feed,

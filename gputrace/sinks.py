@@ -31,10 +31,13 @@ class StreamSink:
     """A format's stream writer as a sink: each chunk's spans and counters appended to the file,
     the header written at `finish`, the file left as it is on `abandon`."""
 
-    def __init__(self, writer: Any) -> None:
+    def __init__(self, writer: Any, launch_arrows: bool = True) -> None:
         self.writer = writer
+        self.launch_arrows = launch_arrows  # False: the chunks' entry times are not written
 
     def add(self, chunk: Trace, update: dict[str, Any] | None = None) -> None:
+        if not self.launch_arrows and chunk.spans.entry is not None:
+            chunk = chunk.without_entry()
         self.writer.append(chunk, range(len(chunk.spans)), range(len(chunk.counters)), update)
 
     def finish(self, header: dict[str, Any]) -> None:

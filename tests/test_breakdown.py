@@ -167,16 +167,16 @@ def test_exposed_collective_is_the_part_no_work_on_another_track_overlaps() -> N
     assert st.wait_ns[0] == [40 + 30]
 
 
-def test_launch_lag_is_device_start_less_host_entry_of_the_first_cuda_span_entered_in_the_step() -> None:
+def test_launch_lag_is_device_start_less_host_entry_of_the_first_cuda_span_started_in_the_step() -> None:
     t = mk(
         {
             0: [
-                ("fwd", 30, 60, "cuda stream 7", None, 10),
-                ("bwd", 60, 90, "cuda stream 7", None, 5),  # entered first: 60 - 5
+                ("fwd", 30, 60, "cuda stream 7", None, 10),  # started first: 30 - 10
+                ("bwd", 60, 90, "cuda stream 7", None, 5),
                 ("step", 0, 100, "main"),
                 ("opt", 150, 160, "cuda stream 7", None, None),  # entry not known
                 ("step", 100, 200, "main"),
-                ("x", 260, 280, "cuda stream 7", None, 199),  # entered in step 1, ran after it
+                ("x", 260, 280, "cuda stream 7", None, 199),  # entered in step 1, ran in step 2
                 ("y", 240, 250, "main", None, 150),  # not a CUDA span
                 ("step", 200, 300, "main"),
             ]
@@ -185,7 +185,23 @@ def test_launch_lag_is_device_start_less_host_entry_of_the_first_cuda_span_enter
     )
     st = stats.summarize(t).steps
     assert st is not None
-    assert st.launch_lag_ns[0] == [55, 61, None]
+    assert st.launch_lag_ns[0] == [20, None, 61]
+    # Steps timed on the GPU while the host runs ahead: the host enters step k+1 (and its spans)
+    # while the GPU is still in step k. Each step's lag is its own, not its successor's.
+    gpu = mk(
+        {
+            0: [
+                ("step", 100, 200, "cuda stream 7", None, 40),
+                ("fwd", 110, 190, "cuda stream 7", None, 45),
+                ("step", 200, 300, "cuda stream 7", None, 120),
+                ("fwd", 210, 290, "cuda stream 7", None, 125),
+            ]
+        },
+        entries=True,
+    )
+    st = stats.summarize(gpu).steps
+    assert st is not None
+    assert st.launch_lag_ns[0] == [100 - 40, 200 - 120]
     assert stats.summarize(mk({0: [("step", 0, 100, "main")]})).steps.launch_lag_ns[0] == [None]  # type: ignore[union-attr]
 
 
@@ -367,7 +383,7 @@ def test_a_digest_built_in_batches_has_the_launch_lags_and_self_times_of_the_who
     same_breakdown(full, dig)
     st = dig.steps
     assert st is not None
-    assert st.launch_lag_ns[0][:3] == [30_000 - 12_000, 40_000 - 11_000, 40_000 - 11_000]
+    assert st.launch_lag_ns[0][:3] == [30_000 - 12_000] * 3  # `compute` starts first on the GPU in each step
 
 
 def test_a_parent_of_some_summed_up_spans_has_its_self_time_unknown_not_wrong(monkeypatch: pytest.MonkeyPatch) -> None:

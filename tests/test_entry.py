@@ -97,3 +97,27 @@ def test_the_twins_give_the_same_entries() -> None:
             assert type(record.Span("x")) is (native.hot.Span if c else record.PySpan)  # type: ignore[union-attr]
         gputrace.reset()
     assert got[0] == got[1] and any(got[0])
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["saved", "streamed"])
+@pytest.mark.parametrize("arrows", [True, False], ids=["arrows", "no-arrows"])
+def test_launch_arrows_off_leaves_them_out_of_the_file_not_out_of_the_digest(
+    tmp_path: Any, streamed: bool, arrows: bool
+) -> None:
+    import orjson
+
+    from gputrace.trace import chrome, digestfile
+
+    fake = FakeDevice(rate=1.000002, read_ns=0)
+    install(fake, launch_arrows=arrows, **({"out_dir": str(tmp_path)} if streamed else {}))
+    record_steps(fake)
+    gputrace.flush()
+    path = gputrace.save(tmp_path)
+    events = orjson.loads(open(path, "rb").read())["traceEvents"]
+    launches = [e for e in events if e.get("cat") == "launch"]
+    assert len(launches) == (6 if arrows else 0)
+    read = chrome.read(path)
+    assert (read.spans.entry is not None) == arrows
+    assert sum(1 for e in events if e.get("ph") == "X" and e.get("cat") != "launch") == 12  # every span
+    lags = digestfile.read(digestfile.digest_path(path)).launch_lag
+    assert lags and all(lag is not None and lag > 0 for lag in lags), lags  # the digest keeps it either way

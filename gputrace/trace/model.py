@@ -208,6 +208,16 @@ class Trace:
     ) -> None:
         self.spans.append(self.intern(name), track, start, end, args, cat)
 
+    def without_entry(self) -> Trace:
+        """The same trace without the `entry` column (a shallow copy: the columns are shared)."""
+        t = Trace(self.metadata)
+        t.processes, t.tracks, t.names, t._name_index = self.processes, self.tracks, self.names, self._name_index
+        sp = self.spans
+        t.spans = SpanColumns.wrap(sp.name, sp.track, sp.start, sp.end, sp.args)
+        t.spans.cat = sp.cat
+        t.counters, t.extra = self.counters, self.extra
+        return t
+
     # ---- reading -----------------------------------------------------------------------------
 
     @property
