@@ -369,7 +369,10 @@ class Session:
             raise GputraceError(f"cannot write {path}: {e.strerror or e}") from None
         # The sinks every flush feeds, in this order: the digest is written once its trace is.
         step = self.config.step_name
-        self.sinks = [StreamSink(self.stream, self.config.launch_arrows), StreamDigest(path, step, base, process.label, self._digest_written)]
+        self.sinks = [
+            StreamSink(self.stream, self.config.launch_arrows),
+            StreamDigest(path, step, base, process.label, self._digest_written),
+        ]
         watcher = self._watch(rec)
         if watcher is not None:
             with rec._lock:
