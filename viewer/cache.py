@@ -2,11 +2,12 @@
 
 Takes: the trace files and digests a view reads (`summary.Inputs`), the options that shape the
 document, and a document `data.digest_view` computed (as `data.split` gives it: its small keys
-and the rest encoded). Gives: the document again (`load`),
-without reading a digest or a trace, while every one of those files is as it was when the
-document was computed (the same path, size and modification time), else None; `store` writes
-it atomically beside the first digest, as `.gputrace-view-<key>.json` (a name no trace or digest
-glob picks up).
+and the rest encoded). Gives: the document again (`load`), without reading a digest or a trace,
+while every one of those files is as it was when the document was computed (the same path,
+size, modification time and inode), else None; `store` writes it atomically beside the first
+digest, as `.gputrace-view-<key>.view` (a name no trace or digest glob picks up, nor a tool that
+takes every `*.json` for a trace): a line of JSON with the small keys, then the rest of the
+document as one JSON object.
 
 Why: the cross-rank statistics of a large run (64 ranks x 10,000 steps: 1.3M step and
 collective spans) take seconds to compute, and the page is opened again and again on files that
@@ -31,7 +32,7 @@ from gputrace.trace.files import atomic_writer
 from gputrace.version import __version__
 
 PREFIX = ".gputrace-view-"
-SUFFIX = ".json"
+SUFFIX = ".view"
 
 
 def key(inputs: Any, options: dict[str, Any], names: Iterable[str]) -> str | None:
