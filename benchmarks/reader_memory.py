@@ -100,7 +100,8 @@ def main() -> None:
     files = make(args.dir, args.events)
     print(f"{args.events:,} events, code in {args.root}")
     print(
-        f"{'file':<12} {'size':>9} {'op':<9} {'peak RSS':>9} {'imports':>8} {'x size':>7} {'B/event':>8} {'time':>7}  bound"
+        f"{'file':<12} {'size':>9} {'op':<9} {'peak RSS':>9} {'imports':>8} {'x size':>7} {'B/event':>8} "
+        f"{'time':>7}  bound"
     )
     for name in args.formats.split(","):
         path = files[name]
