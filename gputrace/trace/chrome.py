@@ -105,79 +105,127 @@ _EVENT_END = re.compile(rb"\}[ \t\n\r]*,")
 
 
 def _read_batches(path: str, f: BinaryIO) -> Trace | None:
-    """The trace of `f`, its events parsed BATCH_BYTES at a time, each batch cut at an event's
-    end; None when the file is not of a shape this reads (then it is parsed whole)."""
-    head = f.read(HEADER_BYTES)
-    body = head.lstrip(_WS)
-    if body[:1] == b"[":
-        header: dict[str, Any] = {}
-        obj = False
-        buf = body[1:]
-    elif body[:1] == b"{":
-        cut = body.find(b'"traceEvents"')
-        if cut < 0:
-            return None
-        lead = body[:cut].rstrip(_WS)
-        try:
-            header = orjson.loads(lead.rstrip(b",") + b"}") if lead != b"{" else {}
-        except orjson.JSONDecodeError:
-            return None
-        rest = body[cut + len(b'"traceEvents"') :].lstrip(_WS)
-        if not isinstance(header, dict) or "traceEvents" in header or rest[:1] != b":":
-            return None
-        rest = rest[1:].lstrip(_WS)
-        if rest[:1] != b"[":
-            return None
-        obj, buf = True, rest[1:]
-    else:
-        return None
-    if obj and "baseTimeNanoseconds" not in header:
-        guess = _trailing_base(f)  # Kineto writes it after the events
-        if guess is not None:
-            header["baseTimeNanoseconds"] = guess
+    """The trace of `f`, built batch by batch (`Batches`); None when the file is not of a shape
+    that path takes (then it is parsed whole)."""
+    src = Batches(path, f)
     builder: _Builder | None = None
-    eof = False
-    while True:
-        if not eof:
-            more = f.read(BATCH_BYTES)
-            eof = not more
-            buf += more
-        events, buf = _batch(buf, eof)
-        if events is None:
-            if eof:
-                break
-            if len(buf) >= BATCH_BYTES:  # a batch's worth with no event end that parses: not for this path
-                return None
-            continue
-        if not obj:  # a streamed file's header travels in its `gputrace` events
-            _header_events(header, events)
+    for events in src:
         if builder is None:
             try:
-                builder = _Builder(path, header)
+                builder = _Builder(path, src.header)
             except TraceFormatError:
                 return None  # `parse` reads the whole header, and says what is wrong with it
         builder.add(events)
-    # What is left: the last events and the end of the array (and of the object). A file cut off
-    # inside an event, or anything else this does not take, is parsed whole.
-    last, tail = _last_events(buf, obj)
-    if last is None or (tail is not None and ("traceEvents" in tail or (builder is not None and not last))):
-        return None  # (no event after the last cut: a comma before the `]`, which JSON refuses)
-    if not obj:
-        _header_events(header, last)
-        if tail is None:
-            header["_cut"] = True  # a streamed file whose writer did not finish it
-    elif tail:
-        header.update(tail)
+    if src.failed:
+        return None
     try:
-        final = _Builder(path, header)
+        final = _Builder(path, src.header)
     except TraceFormatError:
         return None
     if builder is None:
         builder = final
     elif final.facts[0] != builder.facts[0]:
         return None  # the time base the events were read with was not the file's
-    builder.add(last)
     return builder.finish(final)
+
+
+class Batches:
+    """A Chrome JSON file's raw events, BATCH_BYTES of the file parsed at a time, each batch cut
+    at an event's end: iterate for the batches, in file order. `header` is the file's top-level
+    keys (a streamed file's `gputrace` events joined into it as they come: whole once iterated,
+    and `"_cut": True` for a streamed file left unfinished). `failed`: the file is not of a shape
+    this reads (not UTF-8, a number past a double, cut inside an event, ...): whatever was given
+    is to be dropped and the file parsed whole (`parse`)."""
+
+    def __init__(self, path: str, f: BinaryIO) -> None:
+        self.path = path
+        self.f = f
+        self.header: dict[str, Any] = {}
+        self.failed = False
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        f = self.f
+        head = f.read(HEADER_BYTES)
+        body = head.lstrip(_WS)
+        header = self.header
+        if body[:1] == b"[":
+            obj = False
+            buf = body[1:]
+        elif body[:1] == b"{":
+            cut = body.find(b'"traceEvents"')
+            if cut < 0:
+                self.failed = True
+                return
+            lead = body[:cut].rstrip(_WS)
+            try:
+                found = orjson.loads(lead.rstrip(b",") + b"}") if lead != b"{" else {}
+            except orjson.JSONDecodeError:
+                found = None
+            rest = body[cut + len(b'"traceEvents"') :].lstrip(_WS)
+            if not isinstance(found, dict) or "traceEvents" in found or rest[:1] != b":":
+                self.failed = True
+                return
+            rest = rest[1:].lstrip(_WS)
+            if rest[:1] != b"[":
+                self.failed = True
+                return
+            header.update(found)
+            obj, buf = True, rest[1:]
+        else:
+            self.failed = True
+            return
+        guess = None
+        if obj and "baseTimeNanoseconds" not in header:
+            guess = _trailing_base(f)  # Kineto writes it after the events
+            if guess is not None:
+                header["baseTimeNanoseconds"] = guess
+        given = False
+        eof = False
+        while True:
+            if not eof:
+                more = f.read(BATCH_BYTES)
+                eof = not more
+                buf += more
+            events, buf = _batch(buf, eof)
+            if events is None:
+                if eof:
+                    break
+                if len(buf) >= BATCH_BYTES:  # a batch's worth with no event end that parses: not for this path
+                    self.failed = True
+                    return
+                continue
+            if not obj:  # a streamed file's header travels in its `gputrace` events
+                _header_events(header, events)
+            given = True
+            yield events
+        # What is left: the last events and the end of the array (and of the object). A file cut
+        # off inside an event, or anything else this does not take, is parsed whole.
+        last, tail = _last_events(buf, obj)
+        if last is None or (tail is not None and ("traceEvents" in tail or (given and not last))):
+            self.failed = True  # (no event after the last cut: a comma before the `]`, which JSON refuses)
+            return
+        if not obj:
+            _header_events(header, last)
+            if tail is None:
+                header["_cut"] = True  # a streamed file whose writer did not finish it
+        elif tail:
+            header.update(tail)
+        if guess is not None and (tail is None or tail.get("baseTimeNanoseconds") != guess):
+            self.failed = True  # the look at the file's end was wrong: what came was read with another base
+            return
+        if last:
+            yield last
+
+
+def parse_batches(path: str) -> Iterator[tuple[Batches, list[Any]]]:
+    """The events of the file at `path` batch by batch, each with the `Batches` that gives them
+    (its `header` and `failed`); what `validate` checks a large file with, holding one batch."""
+    with open_regular(path) as f:
+        src = Batches(path, f)
+        for events in src:
+            yield src, events
+        if src.failed:
+            yield src, []
 
 
 def _header_events(header: dict[str, Any], events: list[Any]) -> None:
