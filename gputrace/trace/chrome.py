@@ -219,13 +219,13 @@ class Batches:
 
 def parse_batches(path: str) -> Iterator[tuple[Batches, list[Any]]]:
     """The events of the file at `path` batch by batch, each with the `Batches` that gives them
-    (its `header` and `failed`); what `validate` checks a large file with, holding one batch."""
+    (its `header` and `failed`), and last an empty batch, once the header is whole; what
+    `validate` checks a large file with, holding one batch."""
     with open_regular(path) as f:
         src = Batches(path, f)
         for events in src:
             yield src, events
-        if src.failed:
-            yield src, []
+        yield src, []  # the end: the header whole, or `failed`
 
 
 def _header_events(header: dict[str, Any], events: list[Any]) -> None:
