@@ -48,7 +48,9 @@ import json
 import os
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import add
 from typing import Any
 
 import orjson
@@ -734,7 +736,7 @@ def read(path: str, data: bytes | None = None) -> Trace:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_parse(path, data))
+    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_packet_batches(path, data))
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -767,6 +769,42 @@ def _parse(path: str, data: bytes) -> pb.Trace:
     except DecodeError:
         raise TraceFormatError(path, "not a Perfetto protobuf trace (a packet does not parse)") from None
     return msg
+
+
+#: Bytes of packets parsed at a time by `_packet_batches`.
+PACKET_BATCH_BYTES = 4 << 20
+_PACKET_TAG = 0x0A  # Trace.packet: field 1, length-delimited
+
+
+def _packet_batches(path: str, data: bytes) -> Iterator[Any]:
+    """The file's packets, PACKET_BATCH_BYTES of them parsed at a time (memory holds the file and
+    one batch's messages, not a message per packet of the whole file); a file of anything but
+    whole packets (cut off, or other fields) is parsed whole, as `_parse` does."""
+    pos, n, start = 0, len(data), 0
+    cuts = []
+    while pos < n:
+        tag, p = _varint(data, pos)
+        if tag != _PACKET_TAG:
+            break
+        size, p = _varint(data, p)
+        if size < 0 or p + size > n:
+            break
+        pos = p + size
+        if pos - start >= PACKET_BATCH_BYTES:
+            cuts.append((start, pos))
+            start = pos
+    if pos != n or not cuts:
+        yield _parse(path, data).packet
+        return
+    cuts.append((start, n))
+    for lo, hi in cuts:
+        msg = pb.Trace()
+        try:
+            msg.ParseFromString(data[lo:hi])
+        except DecodeError:
+            raise TraceFormatError(path, "not a Perfetto protobuf trace (a packet does not parse)") from None
+        yield msg.packet
+        del msg
 
 
 def _whole_packets(data: bytes) -> int:
@@ -811,6 +849,28 @@ class _Seq:
         self.offset = 0  # trace time - incremental clock
 
 
+class _Spans:
+    """One track's finished spans while reading, in columns: names (the interned strings
+    themselves), start and end as read (before the base), args and categories."""
+
+    __slots__ = ("name", "start", "end", "args", "cat")
+
+    def __init__(self) -> None:
+        self.name: list[str] = []
+        self.start: Any = array("q")
+        self.end: Any = array("q")
+        self.args: list[Any] = []
+        self.cat: list[Any] = []
+
+    def widen(self, start: int, end: int) -> None:
+        """Append a span whose times do not fit 64 bits: the columns become lists of ints."""
+        if len(self.start) > len(self.end):  # the start went in, the end did not
+            self.start.pop()
+        self.start, self.end = list(self.start), list(self.end)
+        self.start.append(start)
+        self.end.append(end)
+
+
 class _Reader:
     def __init__(self, path: str, inflate: int = INFLATE_MIN) -> None:
         self.path = path
@@ -819,13 +879,15 @@ class _Reader:
         self.extra: list[dict[str, Any]] = []
         self.descriptors: dict[int, pb.TrackDescriptor] = {}  # uuid -> descriptor, in file order
         self.incremental: set[tuple[int, int]] = set()  # (sequence, clock id)
-        self.spans: dict[int, list[tuple[str, int, int, Any, Any]]] = {}  # uuid -> spans
+        self.spans: dict[int, _Spans] = {}  # uuid -> its finished spans, as columns
         self.samples: dict[int, list[tuple[int, float]]] = {}
 
-    def build(self, msg: pb.Trace) -> Trace:
+    def build(self, batches: Iterable[Any]) -> Trace:
+        """The trace of the file's packets, given a batch of them at a time."""
         self.seqs: dict[int, _Seq] = {}
         self.open: dict[int, list[tuple[str, int, Any, Any]]] = {}
-        self._packets(msg.packet)
+        for packets in batches:
+            self._packets(packets)
         # Spans still open at the end were cut off mid-write (their end never came): left out.
         return self._trace()
 
@@ -877,8 +939,16 @@ class _Reader:
                         name, t0, a, cat = stack.pop()
                         done = spans.get(uuid)
                         if done is None:
-                            done = spans[uuid] = []
-                        done.append((name, t0, ts, a, cat))
+                            done = spans[uuid] = _Spans()
+                        # The one place a span's fields become columns.
+                        done.name.append(name)
+                        try:
+                            done.start.append(t0)
+                            done.end.append(ts)
+                        except OverflowError:  # uint64 past int64: this track's times as Python ints
+                            done.widen(t0, ts)
+                        done.args.append(a)
+                        done.cat.append(cat)
                 elif t == _COUNTER:
                     v = te.double_counter_value if te.HasField("double_counter_value") else te.counter_value
                     self.samples.setdefault(uuid, []).append((ts, float(v)))
@@ -1003,22 +1073,25 @@ class _Reader:
                 track = Track(process_of(pid), name, name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
-        for uuid, lst in self.spans.items():
+        for uuid in list(self.spans):
+            c = self.spans.pop(uuid)  # let go of each track's columns once they are the trace's
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"track {uuid}"))
+            names, args, cats = c.name, c.args, c.cat
             try:
-                starts = array("q", [base + x[1] for x in lst])
-                ends = array("q", [base + x[2] for x in lst])
+                starts = array("q", map(add, c.start, repeat(base)))
+                ends = array("q", map(add, c.end, repeat(base)))
             except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
-                lst = [x for x in lst if _in_range(base + x[1]) and _in_range(base + x[2])]
-                if not lst:
+                keep = [i for i in range(len(names)) if _in_range(base + c.start[i]) and _in_range(base + c.end[i])]
+                if not keep:
                     continue
-                starts = array("q", [base + x[1] for x in lst])
-                ends = array("q", [base + x[2] for x in lst])
-            names, _, _, args, cats = zip(*lst)
+                starts = array("q", [base + c.start[i] for i in keep])
+                ends = array("q", [base + c.end[i] for i in keep])
+                names, args, cats = [names[i] for i in keep], [args[i] for i in keep], [cats[i] for i in keep]
+            del c
             ids = {n: intern(n) for n in set(names)}
-            spans.extend([ids[n] for n in names], [t] * len(lst), starts, ends, args, cats)
+            spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, cats)
         counters = trace.counters
         for uuid, samples in self.samples.items():
             t = track_of.get(uuid)
