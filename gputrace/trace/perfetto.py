@@ -773,6 +773,8 @@ def _parse(path: str, data: bytes) -> pb.Trace:
 
 #: Bytes of packets parsed at a time by `_packet_batches`.
 PACKET_BATCH_BYTES = 4 << 20
+#: Inflated bytes of packets parsed at a time (protobuf's messages take ~40 times their bytes).
+INFLATED_BATCH_BYTES = 128 << 10
 _PACKET_TAG = 0x0A  # Trace.packet: field 1, length-delimited
 
 
@@ -805,6 +807,23 @@ def _packet_batches(path: str, data: bytes) -> Iterator[Any]:
             raise TraceFormatError(path, "not a Perfetto protobuf trace (a packet does not parse)") from None
         yield msg.packet
         del msg
+
+
+def _packet_prefix(data: bytes) -> int:
+    """How many leading bytes of `data` are whole packets (a packet cut at the end is left for
+    more bytes); -1 when something other than a packet comes first."""
+    pos, n = 0, len(data)
+    while pos < n:
+        tag, p = _varint(data, pos)
+        if tag < 0 or p >= n:
+            return pos  # a tag cut short: more bytes will tell
+        if tag != _PACKET_TAG:
+            return -1
+        size, p = _varint(data, p)
+        if size < 0 or p + size > n:
+            return pos
+        pos = p + size
+    return pos
 
 
 def _whole_packets(data: bytes) -> int:
@@ -961,21 +980,42 @@ class _Reader:
             elif kind == "compressed_packets":
                 if depth >= MAX_NESTING:
                     raise TraceFormatError(self.path, f"compressed packets nested more than {MAX_NESTING} deep")
-                self._packets(self._inflate(p.compressed_packets).packet, depth + 1)
+                for inner in self._inflate(p.compressed_packets):
+                    self._packets(inner, depth + 1)
+                    del inner  # its messages go before the next batch is parsed
 
-    def _inflate(self, data: bytes) -> pb.Trace:
-        """Compressed packets, inflated within what is left of the file's allowance."""
+    def _inflate(self, data: bytes) -> Iterator[Any]:
+        """Compressed packets, inflated within what is left of the file's allowance, and given a
+        batch of whole packets at a time (INFLATED_BATCH_BYTES of inflated bytes): memory holds
+        one batch, not all they inflate to."""
         z = zlib.decompressobj()
+        buf = b""
+        whole = False  # something other than packets in there: parsed at the end, all at once
+        pending = data
         try:
-            raw = z.decompress(data, self.inflate + 1)
-            if len(raw) > self.inflate or z.unconsumed_tail:
-                raise TraceFormatError(
-                    self.path,
-                    f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
-                    "(a decompression bomb?)",
-                )
-            self.inflate -= len(raw)
-            return pb.Trace.FromString(raw)
+            while True:
+                raw = z.decompress(pending, min(INFLATED_BATCH_BYTES, self.inflate + 1))
+                pending = z.unconsumed_tail
+                if len(raw) > self.inflate:
+                    raise TraceFormatError(
+                        self.path,
+                        f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
+                        "(a decompression bomb?)",
+                    )
+                self.inflate -= len(raw)
+                buf += raw
+                done = z.eof or (not raw and not pending)
+                if not whole:
+                    pos = _packet_prefix(buf)
+                    if pos < 0:
+                        whole = True
+                    elif pos and (pos >= INFLATED_BATCH_BYTES or done):
+                        yield pb.Trace.FromString(buf[:pos]).packet
+                        buf = buf[pos:]
+                if done:
+                    break
+            if buf:
+                yield pb.Trace.FromString(buf).packet
         except (zlib.error, DecodeError):
             raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
 
