@@ -21,8 +21,14 @@ which Perfetto and this reader load even without its closing bracket, so a proce
 instant leaves a loadable file. The header travels as a `gputrace` metadata event. `finish()`
 rewrites the file atomically into the object form (header first, then the same event bytes).
 
-Beyond what every format offers (see `registry.py`), `parse` gives a file's raw events, which
-`validate` checks against the rules of Perfetto's JSON importer.
+Reading parses the events a batch at a time (`Batches`, cut at events' ends) and turns each batch
+into columns before the next (`_Builder`): memory holds the columns and one batch. A file of a
+shape that this does not take (cut inside an event, bytes that are not UTF-8, a number past a
+double) is parsed whole, as it always was.
+
+Beyond what every format offers (see `registry.py`), `parse` gives a file's raw events, and
+`parse_batches` the same a batch at a time, which `validate` checks against the rules of
+Perfetto's JSON importer.
 """
 
 from __future__ import annotations
