@@ -809,16 +809,14 @@ def _packet_batches(path: str, data: bytes) -> Iterator[Any]:
         del msg
 
 
-def _packet_prefix(data: bytes) -> int:
-    """How many leading bytes of `data` are whole packets (a packet cut at the end is left for
-    more bytes); -1 when something other than a packet comes first."""
-    pos, n = 0, len(data)
-    while pos < n:
+def _packet_prefix(data: bytes, pos: int, most: int) -> int:
+    """Where the whole packets of `data` from `pos` end, at the first packet end `most` bytes
+    on or the last whole packet (`pos`: none, or something other than a packet comes first)."""
+    n, start = len(data), pos
+    while pos < n and pos - start < most:
         tag, p = _varint(data, pos)
-        if tag < 0 or p >= n:
-            return pos  # a tag cut short: more bytes will tell
         if tag != _PACKET_TAG:
-            return -1
+            return start if pos == start else pos
         size, p = _varint(data, p)
         if size < 0 or p + size > n:
             return pos
@@ -985,37 +983,28 @@ class _Reader:
                     del inner  # its messages go before the next batch is parsed
 
     def _inflate(self, data: bytes) -> Iterator[Any]:
-        """Compressed packets, inflated within what is left of the file's allowance, and given a
-        batch of whole packets at a time (INFLATED_BATCH_BYTES of inflated bytes): memory holds
-        one batch, not all they inflate to."""
+        """Compressed packets, inflated within what is left of the file's allowance (refused
+        before any of them is read when they pass it), and given a batch of whole packets at a
+        time (INFLATED_BATCH_BYTES of inflated bytes): memory holds their bytes and one batch's
+        messages, not a message for every packet they hold."""
         z = zlib.decompressobj()
-        buf = b""
-        whole = False  # something other than packets in there: parsed at the end, all at once
-        pending = data
         try:
-            while True:
-                raw = z.decompress(pending, min(INFLATED_BATCH_BYTES, self.inflate + 1))
-                pending = z.unconsumed_tail
-                if len(raw) > self.inflate:
-                    raise TraceFormatError(
-                        self.path,
-                        f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
-                        "(a decompression bomb?)",
-                    )
-                self.inflate -= len(raw)
-                buf += raw
-                done = z.eof or (not raw and not pending)
-                if not whole:
-                    pos = _packet_prefix(buf)
-                    if pos < 0:
-                        whole = True
-                    elif pos and (pos >= INFLATED_BATCH_BYTES or done):
-                        yield pb.Trace.FromString(buf[:pos]).packet
-                        buf = buf[pos:]
-                if done:
-                    break
-            if buf:
-                yield pb.Trace.FromString(buf).packet
+            raw = z.decompress(data, self.inflate + 1)
+            if len(raw) > self.inflate or z.unconsumed_tail:
+                raise TraceFormatError(
+                    self.path,
+                    f"its compressed packets inflate to more than {INFLATE_FACTOR} times the file's size "
+                    "(a decompression bomb?)",
+                )
+            self.inflate -= len(raw)
+            pos, n = 0, len(raw)
+            while pos < n:
+                end = _packet_prefix(raw, pos, INFLATED_BATCH_BYTES)
+                if end <= pos:  # not whole packets from here: the rest at once, as a Trace
+                    yield pb.Trace.FromString(raw[pos:]).packet
+                    return
+                yield pb.Trace.FromString(raw[pos:end]).packet
+                pos = end
         except (zlib.error, DecodeError):
             raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
 
