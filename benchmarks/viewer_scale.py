@@ -9,6 +9,12 @@ times what `gputrace view` does before it serves (load and align the files, comp
 document with the statistics, encode it) and what the browser does after (the page until its
 heatmap and table are interactive, a hover, a sort, the timeline's first window and a click's
 window from the server), and prints a table. Target: the page interactive within 5 s.
+
+First, `gputrace view` itself in a fresh process, as a user runs it: the seconds from the command
+to its printed URL and to the page's first view in Chromium, from the digests beside the traces
+(the first view after the run, and again: the document is kept beside the digests) and from the
+traces alone (a folder of hard links to them). Targets: 2 s from digests, 10 s from traces.
+`--cli-only` stops there.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,7 +38,8 @@ sys.path.insert(0, ROOT)
 
 import orjson  # noqa: E402
 
-from gputrace.trace import chrome  # noqa: E402
+from gputrace import digest  # noqa: E402
+from gputrace.trace import chrome, digestfile  # noqa: E402
 from gputrace.trace.model import Process, Trace, Track  # noqa: E402
 from gputrace.version import __version__  # noqa: E402
 from gputrace.viewer import data, server  # noqa: E402
@@ -59,11 +69,13 @@ def write_rank(directory: str, rank: int, ranks: int, steps: int) -> str:
         t = end + 10_000
     path = os.path.join(directory, f"trace_rank{rank}.json")
     chrome.write(trace, path)
+    # Beside it, its step digest, as the recorder writes it (the page is drawn from these).
+    digestfile.write(digest.from_trace(trace, "step", path), digestfile.digest_path(path))
     return path
 
 
 def inputs(directory: str, ranks: int, steps: int) -> list[str]:
-    stamp = os.path.join(directory, f"viewer-bench-{ranks}x{steps}")
+    stamp = os.path.join(directory, f"viewer-bench-{ranks}x{steps}-digests")
     paths = [os.path.join(directory, f"trace_rank{r}.json") for r in range(ranks)]
     if os.path.exists(stamp) and all(os.path.exists(p) for p in paths):
         return paths
@@ -71,6 +83,69 @@ def inputs(directory: str, ranks: int, steps: int) -> list[str]:
         paths = list(pool.map(write_rank, [directory] * ranks, range(ranks), [ranks] * ranks, [steps] * ranks))
     open(stamp, "w").close()
     return paths
+
+
+def traces_only(directory: str, ranks: int) -> str:
+    """A folder beside `directory` with its trace files (hard links) and no digests."""
+    bare = directory.rstrip("/") + "-traces-only"
+    os.makedirs(bare, exist_ok=True)
+    for r in range(ranks):
+        src, dst = os.path.join(directory, f"trace_rank{r}.json"), os.path.join(bare, f"trace_rank{r}.json")
+        if not os.path.exists(dst):
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+    return bare
+
+
+def cli_view(page, folder: str, ui: str) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """`gputrace view FOLDER` as a user runs it, in a fresh process: seconds from the command to
+    its printed URL, and to the page's first view (heatmap and table interactive) in Chromium."""
+    cmd = [sys.executable, "-m", "gputrace", "view", folder, "--no-browser", "--perfetto-ui", ui]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
+            if m:
+                break
+        else:
+            raise SystemExit(f"gputrace view {folder} printed no URL (exit {proc.wait()})")
+        t_url = time.perf_counter() - t0
+        page.goto(m.group(1))
+        page.wait_for_selector("body[data-ready='1']", timeout=300_000)
+        return t_url, time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def cli_table(directory: str, ranks: int, steps: int) -> None:
+    """The command's own times: from the digests (first view after the run, and again with the
+    document kept beside them), and from the traces alone."""
+    from playwright.sync_api import sync_playwright
+
+    ui = tempfile.mkdtemp()
+    with open(os.path.join(ui, "index.html"), "w") as f:
+        f.write("<!doctype html><title>no timeline</title>")
+    for old in os.listdir(directory):  # the first view after the run: no document kept yet
+        if old.startswith(".gputrace-view-"):
+            os.unlink(os.path.join(directory, old))
+    runs = [("digests, first view", directory), ("digests, again", directory), ("digests, again", directory)]
+    runs.append(("traces alone", traces_only(directory, ranks)))
+    rows = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for what, folder in runs:
+            rows.append((what, *cli_view(page, folder, ui)))
+        browser.close()
+    print(f"gputrace view (the command, a fresh process), {ranks} ranks x {steps:,} steps, {os.cpu_count()} cores")
+    print(f"{'from':<24} {'to the URL':>10} {'to the first view':>18}")
+    for what, t_url, t_page in rows:
+        print(f"{what:<24} {t_url:>9.2f}s {t_page:>17.2f}s")
 
 
 def timed(fn):  # type: ignore[no-untyped-def]
@@ -84,10 +159,15 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--cli-only", action="store_true", help="only the command's own times (no stage table)")
     args = ap.parse_args()
     directory = args.dir or os.path.join(tempfile.gettempdir(), "gputrace-viewer-bench")
     os.makedirs(directory, exist_ok=True)
     paths = inputs(directory, args.ranks, args.steps)
+    cli_table(directory, args.ranks, args.steps)
+    if args.cli_only:
+        return
+    print()
 
     rows: list[tuple[str, float, str]] = []
     trace, t_load = timed(lambda: data.load(paths))

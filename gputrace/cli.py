@@ -509,13 +509,13 @@ def view(
     given = click.get_current_context().get_parameter_source("skip_steps") is not ParameterSource.DEFAULT
     skip_steps = sel.skip_steps if given else None
     # Many ranks: the page from their step digests, the timeline from the files a window at a time.
-    doc = (
+    got = (
         None
         if sel.given
-        else data.from_digests(
-            paths, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths
-        )
+        else data.digest_view(paths, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths)
     )
+    # Served, the document stays encoded as the digests' view gave it (its small keys aside).
+    doc, body = (None, None) if got is None else (data.join(*got), None) if export else got
     trace = None
     if doc is not None:
         click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
@@ -536,7 +536,7 @@ def view(
     viewer = (
         server.Viewer(trace, doc, ui, name=doc["title"])
         if trace is not None
-        else server.WindowedViewer(files, doc, ui, name=doc["title"])
+        else server.WindowedViewer(files, doc, ui, name=doc["title"], body=body)
     )
     _serve(viewer, port, ui, no_browser)
 

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from gputrace.trace import registry
-from gputrace.trace.files import read_bytes
+from gputrace.trace.files import read_bytes, read_head
 
 UINT32 = 2**32
 MAX_EXACT_TS_US = 2**53 / 1000  # beyond this a double cannot hold every nanosecond
 SNIFF_BYTES = 128  # what Perfetto looks at to decide a file is JSON
+HEAD_BYTES = 4096  # the file's first bytes: its detection, and the header HTA looks at
 _JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 _HTA_RANK = re.compile(rb'"rank":\s+(\d+)')
 
@@ -61,28 +63,30 @@ class Report:
 
 def validate_file(path: str, limit: int = 20) -> Report:
     """Check one file; at most `limit` problems of each kind are listed (the count is kept)."""
-    data = read_bytes(path)
+    data = read_head(path, HEAD_BYTES)
     report = Report(path)
     fmt = registry.detect(path, data[:64])
     parse = fmt.capability("parse", path)
     if parse is None:  # no raw Chrome events: what its reader makes of it
-        return _validate_model(fmt, path, data, report, limit)
+        return _validate_model(fmt, path, read_bytes(path), report, limit)
     sniff = bytes(b for b in data[:SNIFF_BYTES] if b not in b" \t\n\r\v\f")
     if not (sniff.startswith(b'{"') or sniff.startswith(b'[{"')):
         report.errors.append(
             'the file does not start with {" or [{" (whitespace aside): Perfetto will not recognise it as JSON'
         )
-    header, events = parse(path, data)  # also a file cut off: its complete events
-    trace: dict[str, Any] = {**header, "traceEvents": events}
-    trace.setdefault("metadata", {})
+    header = _validate_batches(fmt, path, report, limit)
+    if header is None:  # the whole file at once (a file cut inside an event, bytes not UTF-8, ...)
+        header, events = parse(path, read_bytes(path))  # also a file cut off: its complete events
+        trace: dict[str, Any] = {**header, "traceEvents": events}
+        trace.setdefault("metadata", {})
+        validate(trace, report, limit)
     complete = not header.get("_cut")
     if not complete and data.lstrip()[:1] == b"{":
         # The array form may lack its end (Perfetto reads it as a stream); the object form may not.
         report.errors.append(
             "the file ends before its closing brackets (cut off?): Perfetto reports the trace as incomplete"
         )
-    validate(trace, report, limit)
-    if report.own and complete and data.lstrip()[:1] == b"{" and _is_rank_file(trace):
+    if report.own and complete and data.lstrip()[:1] == b"{" and _is_rank_file(header):
         if not _HTA_RANK.search(data[:4096]):
             report.warnings.append('no "rank": R (with a space) in the header: HTA will not find this trace\'s rank')
     return report
@@ -93,115 +97,218 @@ def _is_rank_file(trace: dict[str, Any]) -> bool:
     return not (isinstance(meta, dict) and meta.get("merged"))
 
 
+def _validate_batches(fmt: registry.Format, path: str, report: Report, limit: int) -> dict[str, Any] | None:
+    """Check the file a batch of events at a time (`parse_batches`, where the format offers it),
+    holding per event only what the nesting check needs; its header, or None when the file is
+    to be checked whole (the report is then left as it was)."""
+    batches = fmt.capability("parse_batches", path)
+    if batches is None:
+        return None
+    checker: _Checker | None = None
+    header: dict[str, Any] | None = None
+    for src, events in batches(path):  # the last batch is empty, and the header whole
+        if src.failed:
+            return None
+        header = src.header
+        if checker is None:
+            checker = _Checker(header, limit)
+        checker.add(events)
+    if checker is None or header is None:
+        return None
+    if checker.own != _own(header):
+        return None  # the header that says whose file it is came after its events: check it whole
+    checker.finish(header, report)
+    return header
+
+
 def validate(trace: dict[str, Any], report: Report, limit: int = 20) -> Report:
     """Check a parsed Chrome trace (`{"traceEvents": [...], ...}`) into `report`."""
-    errors: list[str] = []
-    warnings: list[str] = []
+    checker = _Checker(trace, limit)
+    checker.add(trace["traceEvents"])
+    return checker.finish(trace, report)
+
+
+def _own(trace: dict[str, Any]) -> bool:
     meta = trace.get("metadata")
-    own = isinstance(meta, dict) and ("gputrace_version" in meta or bool(meta.get("merged")))
-    report.own = own
-    base = trace.get("baseTimeNanoseconds")
-    if own and base is not None and (not isinstance(base, int) or isinstance(base, bool)):
-        errors.append("baseTimeNanoseconds is not an integer")
-    named_pids: set[Any] = set()
-    pids: set[Any] = set()
-    main_threads: set[Any] = set()
-    by_thread: dict[tuple[Any, Any], list[tuple[int, int, int]]] = {}
-    flows: dict[str, dict[Any, tuple[int, int]]] = {"out": {}, "in": {}}  # bind_id -> (ts, event)
-    for i, e in enumerate(trace["traceEvents"]):
-        if not isinstance(e, dict):
-            errors.append(f"event {i}: not a JSON object: Perfetto stops reading the file here")
-            continue
-        ph = e.get("ph")
-        if not ph:
-            if e:
-                errors.append(f"event {i}: no 'ph': Perfetto drops it")
-            continue
-        if ph == "M":
-            if e.get("name") == "process_name":
-                named_pids.add(_key(e.get("pid")))
-            continue
-        where = f"event {i} ({e.get('name')!r})"
-        pid = _id(e.get("pid"))
-        tid = _id(e.get("tid"))
-        if ph == "X":
-            raw_pid, raw_tid = e.get("pid"), e.get("tid")
-            if _out_of_range(raw_pid) or _out_of_range(raw_tid):
-                errors.append(
-                    f"{where}: pid/tid must be integers in 0..2^32-1 (or strings), got {raw_pid!r}/{raw_tid!r}: "
-                    "Perfetto turns others into 0"
-                )
-            for label, raw, key in (("pid", raw_pid, pid), ("tid", raw_tid, tid)):
-                if key is None:
-                    warnings.append(f"{where}: {label} {raw!r} is not a number or string: Perfetto uses 0")
-        ts = _to_ns(e.get("ts"))
-        if ts is None:
-            errors.append(f"{where}: ts {e.get('ts')!r} is not a number: Perfetto drops the event")
-            continue
-        if ts < 0:
-            errors.append(f"{where}: negative ts {e.get('ts')}: Perfetto drops events before time 0")
-            continue
-        if isinstance(e.get("ts"), float) and abs(e["ts"]) > MAX_EXACT_TS_US:
-            warnings.append(
-                f"{where}: ts {e['ts']} us is too large for nanosecond precision; write it relative to a base"
-            )
-        if ph != "X":
-            continue
-        if "dur" not in e:
-            errors.append(f"{where}: an X event without dur: Perfetto drops it")
-            continue
-        dur = _to_ns(e.get("dur"))
-        if dur is None:
-            errors.append(f"{where}: dur {e.get('dur')!r} is not a number: Perfetto drops the event")
-            continue
-        if dur < 0:
-            errors.append(f"{where}: negative dur {e.get('dur')}: Perfetto drops the slice")
-            continue
-        if not isinstance(e.get("name"), str):
-            warnings.append(f"{where}: name is not a string: the slice has no name")
-        pid = pid if pid is not None else ("n", 0)
-        tid = tid if tid is not None else ("n", 0)
-        if tid == ("n", 0) and pid != ("n", 0):
-            tid = pid  # Perfetto: tid 0 is the process's main thread
-        if own:
-            if pid == ("n", 0):
-                warnings.append(f"{where}: pid 0 is the kernel's swapper in Perfetto; gputrace uses rank + 1")
-            elif tid == pid:
-                main_threads.add(pid)
-        pids.add(_key(e.get("pid")))
-        by_thread.setdefault((pid, tid), []).append((ts, ts + dur, i))
-        if "bind_id" in e:
-            _flow(e, ts, i, flows)
-    if own:
-        for pid in sorted(pids - named_pids, key=repr):
-            warnings.append(f"pid {pid!r} has no process_name")
-        for pid in sorted(main_threads, key=repr):
-            warnings.append(f"pid {pid[1]!r}: a thread whose tid equals the pid is drawn first, as the main thread")
-    for (pid, tid), spans in sorted(by_thread.items(), key=repr):
-        spans.sort(key=lambda s: (s[0], s[0] - s[1]))
-        stack: list[tuple[int, int, int]] = []
-        for s in spans:
-            while stack and stack[-1][1] <= s[0]:
-                stack.pop()
-            if stack and s[1] > stack[-1][1]:
-                p = stack[-1]
-                errors.append(
-                    f"pid {pid[1]!r} tid {tid[1]!r}: event {s[2]} [{s[0]}, {s[1]}) ns partly overlaps event {p[2]} "
-                    f"[{p[0]}, {p[1]}) ns: Perfetto moves it to an overflow track and reports an import error"
-                )
+    return isinstance(meta, dict) and ("gputrace_version" in meta or bool(meta.get("merged")))
+
+
+class _Capped:
+    """The first `limit` messages and how many there were (what `_capped` reports)."""
+
+    def __init__(self, limit: int) -> None:
+        self.items: list[str] = []
+        self.limit = limit
+        self.n = 0
+
+    def append(self, msg: str) -> None:
+        self.n += 1
+        if len(self.items) < self.limit:
+            self.items.append(msg)
+
+    def out(self, what: str) -> list[str]:
+        more = self.n - len(self.items)
+        return self.items + ([f"... and {more} more {what}"] if more > 0 else [])
+
+
+class _Thread:
+    """One thread's X events: start and end ns, and the event's index, in columns."""
+
+    __slots__ = ("start", "end", "index")
+
+    def __init__(self) -> None:
+        self.start: Any = array("q")
+        self.end: Any = array("q")
+        self.index = array("q")
+
+    def add(self, start: int, end: int, i: int) -> None:
+        try:
+            self.start.append(start)
+        except OverflowError:  # past 64 bits of ns: this thread's times as Python ints
+            self.start, self.end = list(self.start), list(self.end)
+            self.start.append(start)
+        try:
+            self.end.append(end)
+        except OverflowError:
+            self.start, self.end = list(self.start), list(self.end)
+            self.end.append(end)
+        self.index.append(i)
+
+
+class _Checker:
+    """The rules, checked event by event as batches of a file's events come (`add`), with the
+    nesting of each thread's X events checked at the end (`finish`)."""
+
+    def __init__(self, trace: dict[str, Any], limit: int) -> None:
+        self.limit = limit
+        self.own = _own(trace)
+        self.errors = _Capped(limit)
+        self.warnings = _Capped(limit)
+        self.named_pids: set[Any] = set()
+        self.pids: set[Any] = set()
+        self.main_threads: set[Any] = set()
+        self.by_thread: dict[tuple[Any, Any], _Thread] = {}
+        self.flows: dict[str, dict[Any, tuple[int, int]]] = {"out": {}, "in": {}}  # bind_id -> (ts, event)
+        self.i = 0  # the index of the next event in the file
+
+    def add(self, events: list[Any]) -> None:
+        errors, warnings, own = self.errors, self.warnings, self.own
+        named_pids, pids, main_threads, by_thread = self.named_pids, self.pids, self.main_threads, self.by_thread
+        for i, e in enumerate(events, self.i):
+            if not isinstance(e, dict):
+                errors.append(f"event {i}: not a JSON object: Perfetto stops reading the file here")
                 continue
-            stack.append(s)
-    sources = flows["out"]
-    for flow, (ts, i) in sorted(flows["in"].items(), key=lambda kv: kv[1][1]):
-        src = sources.get(flow)
-        if src is None or src[0] >= ts:
-            where = "has no source" if src is None else f"starts at or after it (event {src[1]})"
-            warnings.append(f"event {i}: its flow (bind_id {flow!r}) {where}: Perfetto draws no arrow")
-    report.spans += sum(len(v) for v in by_thread.values())
-    report.tracks += len(by_thread)
-    report.errors += _capped(errors, limit, "errors")
-    report.warnings += _capped(warnings, limit, "warnings")
-    return report
+            ph = e.get("ph")
+            if not ph:
+                if e:
+                    errors.append(f"event {i}: no 'ph': Perfetto drops it")
+                continue
+            if ph == "M":
+                if e.get("name") == "process_name":
+                    named_pids.add(_key(e.get("pid")))
+                continue
+            where = f"event {i} ({e.get('name')!r})"
+            pid = _id(e.get("pid"))
+            tid = _id(e.get("tid"))
+            if ph == "X":
+                raw_pid, raw_tid = e.get("pid"), e.get("tid")
+                if _out_of_range(raw_pid) or _out_of_range(raw_tid):
+                    errors.append(
+                        f"{where}: pid/tid must be integers in 0..2^32-1 (or strings), got {raw_pid!r}/{raw_tid!r}: "
+                        "Perfetto turns others into 0"
+                    )
+                for label, raw, key in (("pid", raw_pid, pid), ("tid", raw_tid, tid)):
+                    if key is None:
+                        warnings.append(f"{where}: {label} {raw!r} is not a number or string: Perfetto uses 0")
+            ts = _to_ns(e.get("ts"))
+            if ts is None:
+                errors.append(f"{where}: ts {e.get('ts')!r} is not a number: Perfetto drops the event")
+                continue
+            if ts < 0:
+                errors.append(f"{where}: negative ts {e.get('ts')}: Perfetto drops events before time 0")
+                continue
+            if isinstance(e.get("ts"), float) and abs(e["ts"]) > MAX_EXACT_TS_US:
+                warnings.append(
+                    f"{where}: ts {e['ts']} us is too large for nanosecond precision; write it relative to a base"
+                )
+            if ph != "X":
+                continue
+            if "dur" not in e:
+                errors.append(f"{where}: an X event without dur: Perfetto drops it")
+                continue
+            dur = _to_ns(e.get("dur"))
+            if dur is None:
+                errors.append(f"{where}: dur {e.get('dur')!r} is not a number: Perfetto drops the event")
+                continue
+            if dur < 0:
+                errors.append(f"{where}: negative dur {e.get('dur')}: Perfetto drops the slice")
+                continue
+            if not isinstance(e.get("name"), str):
+                warnings.append(f"{where}: name is not a string: the slice has no name")
+            pid = pid if pid is not None else ("n", 0)
+            tid = tid if tid is not None else ("n", 0)
+            if tid == ("n", 0) and pid != ("n", 0):
+                tid = pid  # Perfetto: tid 0 is the process's main thread
+            if own:
+                if pid == ("n", 0):
+                    warnings.append(f"{where}: pid 0 is the kernel's swapper in Perfetto; gputrace uses rank + 1")
+                elif tid == pid:
+                    main_threads.add(pid)
+            pids.add(_key(e.get("pid")))
+            th = by_thread.get((pid, tid))
+            if th is None:
+                th = by_thread[(pid, tid)] = _Thread()
+            th.add(ts, ts + dur, i)
+            if "bind_id" in e:
+                _flow(e, ts, i, self.flows)
+        self.i += len(events)
+
+    def finish(self, trace: dict[str, Any], report: Report) -> Report:
+        """The checks that need every event, and the findings into `report`; `trace`: the
+        file's top-level keys."""
+        errors, warnings, own = self.errors, self.warnings, self.own
+        report.own = own
+        base = trace.get("baseTimeNanoseconds")
+        if own and base is not None and (not isinstance(base, int) or isinstance(base, bool)):
+            # Said first, as it is of the whole file.
+            errors.items.insert(0, "baseTimeNanoseconds is not an integer")
+            errors.n += 1
+            del errors.items[self.limit :]
+        if own:
+            for pid in sorted(self.pids - self.named_pids, key=repr):
+                warnings.append(f"pid {pid!r} has no process_name")
+            for pid in sorted(self.main_threads, key=repr):
+                warnings.append(f"pid {pid[1]!r}: a thread whose tid equals the pid is drawn first, as the main thread")
+        spans = 0
+        for (pid, tid), th in sorted(self.by_thread.items(), key=lambda kv: repr(kv[0])):
+            start, end, index = th.start, th.end, th.index
+            spans += len(index)
+            order = sorted(range(len(index)), key=lambda j: (start[j], start[j] - end[j]))
+            stack: list[int] = []  # positions of the open events
+            for j in order:
+                s = start[j]
+                while stack and end[stack[-1]] <= s:
+                    stack.pop()
+                if stack and end[j] > end[stack[-1]]:
+                    p = stack[-1]
+                    errors.append(
+                        f"pid {pid[1]!r} tid {tid[1]!r}: event {index[j]} [{s}, {end[j]}) ns partly overlaps event "
+                        f"{index[p]} [{start[p]}, {end[p]}) ns: Perfetto moves it to an overflow track and reports an "
+                        "import error"
+                    )
+                    continue
+                stack.append(j)
+        sources = self.flows["out"]
+        for flow, (ts, i) in sorted(self.flows["in"].items(), key=lambda kv: kv[1][1]):
+            src = sources.get(flow)
+            if src is None or src[0] >= ts:
+                where = "has no source" if src is None else f"starts at or after it (event {src[1]})"
+                warnings.append(f"event {i}: its flow (bind_id {flow!r}) {where}: Perfetto draws no arrow")
+        report.spans += spans
+        report.tracks += len(self.by_thread)
+        report.errors += errors.out("errors")
+        report.warnings += warnings.out("warnings")
+        return report
 
 
 def _flow(e: dict[str, Any], ts: int, i: int, flows: dict[str, dict[Any, tuple[int, int]]]) -> None:

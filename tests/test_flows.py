@@ -438,3 +438,48 @@ def test_validate_warns_of_arrows_perfetto_would_not_draw(tmp_path: Path) -> Non
     assert report.ok and len(report.warnings) == 2
     assert "event 1" in report.warnings[0] and "starts at or after it" in report.warnings[0]
     assert "event 2" in report.warnings[1] and "no source" in report.warnings[1]
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_reads_a_batch_at_a_time_keep_every_entry(ext: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small batches, so arrows' sources and their spans fall in different batches.
+    monkeypatch.setattr(chrome, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(chrome, "HEADER_BYTES", 512)
+    monkeypatch.setattr(perfetto, "PACKET_BATCH_BYTES", 512)
+    monkeypatch.setattr(perfetto, "INFLATED_BATCH_BYTES", 512)
+    trace = cuda_rank(steps=60, seed=5)
+    whole, streamed = tmp_path / f"whole.{ext}", tmp_path / f"streamed.{ext}"
+    registry.for_path(str(whole)).write(trace, str(whole))
+    stream_to(streamed, trace, pieces=7, finish=False)
+    assert whole.stat().st_size > 8 * (4096 if ext == "json" else 512)
+    for path in (whole, streamed):
+        back = registry.read(str(path))
+        assert rows(back) == rows(trace)
+        assert with_entries(back) == with_entries(trace) == 60 * 9
+        if ext == "json":  # the same as the file parsed whole
+            at_once = chrome._build(str(path), *chrome.parse(str(path), path.read_bytes()))
+            assert at_once.spans.entry is not None and back.spans.entry is not None
+            assert list(back.spans.entry) == list(at_once.spans.entry)
+
+
+def test_validate_a_batch_at_a_time_warns_of_the_same_arrows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An arrow's source and end many batches apart, either way round.
+    filler = [{"ph": "X", "name": "pad", "pid": 1, "tid": 3, "ts": 100 + k, "dur": 0.5} for k in range(400)]
+    events = [
+        {"ph": "X", "name": "src", "pid": 1, "tid": 1, "ts": 30, "dur": 0, "bind_id": 1, "flow_out": True},
+        *filler,
+        {"ph": "X", "name": "late", "pid": 1, "tid": 2, "ts": 20, "dur": 5, "bind_id": 1, "flow_in": True},
+        {"ph": "X", "name": "alone", "pid": 1, "tid": 2, "ts": 40, "dur": 5, "bind_id": 2, "flow_in": True},
+        {"ph": "X", "name": "fine", "pid": 1, "tid": 2, "ts": 50, "dur": 5, "bind_id": 3, "flow_in": True},
+        *filler,
+        {"ph": "X", "name": "src", "pid": 1, "tid": 1, "ts": 45, "dur": 0, "bind_id": 3, "flow_out": True},
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"traceEvents":[\n' + b",\n".join(orjson.dumps(e) for e in events) + b"\n]}")
+    whole = validate_file(str(bad))
+    monkeypatch.setattr(chrome, "BATCH_BYTES", 2048)
+    monkeypatch.setattr(chrome, "HEADER_BYTES", 512)
+    batched = validate_file(str(bad))
+    assert batched.warnings == whole.warnings and len(batched.warnings) == 2
+    assert "event 401" in batched.warnings[0] and "starts at or after it" in batched.warnings[0]
+    assert "event 402" in batched.warnings[1] and "no source" in batched.warnings[1]

@@ -30,6 +30,8 @@ from itertools import compress, repeat
 from operator import add, and_, ge, gt, lt, or_, sub
 from typing import Any
 
+import orjson
+
 from gputrace import stats
 from gputrace.causes import causes
 from gputrace.trace import chrome
@@ -41,6 +43,9 @@ FORMAT = "gputrace-view/1"
 #: Above this many spans the Perfetto UI gets a time window of the trace, not the whole of it:
 #: ~120 bytes of JSON a span, and the UI struggles with JSON of a few hundred MB.
 TIMELINE_SPANS = 500_000
+#: From this many bytes of trace files on, a view of ranks that each have a digest is drawn from
+#: the digests (a second or two), not the traces (~4 s a GB to read and align).
+DIGEST_VIEW_BYTES = 64 << 20
 
 STAT_COLUMNS = (
     "name",
@@ -198,15 +203,85 @@ def from_digests(
     inputs: Iterable[str] = (),
 ) -> dict[str, Any] | None:
     """The document from the ranks' step digests, when the ranks are as many as `gputrace
-    summary` reads digests for (else None: read the traces). Its heatmap, collectives and
-    statistics come from the digests; the timeline reads trace files one window at a time
+    summary` reads digests for, or every trace has its digest and the traces are large
+    (DIGEST_VIEW_BYTES); else None: read the traces. Its heatmap, collectives and statistics
+    come from the digests; the timeline reads trace files one window at a time
     (`server.WindowedViewer`), starting with the first steps."""
-    from gputrace.summary import DIGEST_MIN_RANKS, collect, find, summarize
+    got = digest_view(paths, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
+    return None if got is None else join(*got)
+
+
+def digest_view(
+    paths: Sequence[str],
+    *,
+    step: str = "step",
+    skip_steps: int | None = None,
+    require_step: bool = False,
+    inputs: Iterable[str] = (),
+) -> tuple[dict[str, Any], bytes] | None:
+    """`from_digests`'s document as `split` gives it (its small keys, the rest encoded), ready to
+    serve. It is kept beside the digests (`cache`): the next view of the same files reads it
+    back, neither digests nor traces."""
+    from gputrace.summary import DIGEST_MIN_RANKS, collect, find
+
+    from . import cache
 
     found = find(paths)
-    if found.ranks < DIGEST_MIN_RANKS or not found.traces:
+    if not found.traces or not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
         return None
-    digests = collect(found, step)
+    inputs = list(inputs)
+    options = {"step": step, "skip_steps": skip_steps, "require_step": require_step, "format": FORMAT}
+    k = cache.key(found, options, [str(p) for p in inputs])
+    kept = cache.load(found, k) if k is not None else None
+    if kept is not None:
+        return kept
+    head, body = split(_from_digests(collect(found, step), step, skip_steps, require_step, inputs))
+    if k is not None:
+        cache.store(found, k, head, body)
+    return head, body
+
+
+#: The document's keys that `split` keeps as data: what the server and the CLI read of it.
+HEAD_KEYS = ("format", "title", "inputs", "ranks", "base_ns", "duration_ns", "spans", "step_name", "timeline")
+
+
+def split(doc: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """`doc` as its small keys (HEAD_KEYS) and the rest as one encoded JSON object."""
+    head = {k: doc[k] for k in HEAD_KEYS if k in doc}
+    return head, orjson.dumps({k: v for k, v in doc.items() if k not in head})
+
+
+def join(head: dict[str, Any], body: bytes) -> dict[str, Any]:
+    """The document `split` gave."""
+    return {**orjson.loads(body), **head}
+
+
+def encode_joined(head: dict[str, Any], body: bytes) -> bytes:
+    """The document `split` gave, encoded, without decoding `body` again: two JSON objects with
+    no key in common made one."""
+    tail = orjson.dumps(head)
+    if body == b"{}":
+        return tail
+    return body[:-1] + (b"," + tail[1:] if tail != b"{}" else b"}")
+
+
+def _large(traces: Sequence[str]) -> bool:
+    """Are the trace files together at least DIGEST_VIEW_BYTES (the page then comes from their
+    digests)?"""
+    total = 0
+    for t in traces:
+        try:
+            total += os.path.getsize(t)
+        except OSError:
+            return False
+    return total >= DIGEST_VIEW_BYTES
+
+
+def _from_digests(
+    digests: list[Any], step: str, skip_steps: int | None, require_step: bool, inputs: Iterable[str]
+) -> dict[str, Any]:
+    from gputrace.summary import summarize
+
     trace, summary = summarize(digests, step, skip_steps or 0, require_step=require_step)
     warmup = 0
     if skip_steps is None and summary.steps is not None:
@@ -422,9 +497,13 @@ def _collectives(co: stats.Collectives | None, slot: dict[int, int], base: int) 
     names = list(dict.fromkeys(o.name for o in occ))
     name_index = {n: i for i, n in enumerate(names)}
 
+    by_field = {per: [getattr(o, per) for o in occ] for per in ("arrivals", "ends", "waits_ns")}
+
     def column(per: str, r: int, shift: int) -> list[int | None]:
         # One rank's value in every occurrence (None where it did not take part).
-        return [None if (t := getattr(o, per).get(r)) is None else t - shift for o in occ]
+        if not shift:
+            return [d.get(r) for d in by_field[per]]
+        return [None if (t := d.get(r)) is None else t - shift for d in by_field[per]]
 
     per = {r: co.per_rank.get(r) for r in slot}
     return {

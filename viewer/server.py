@@ -161,7 +161,11 @@ def page_csp(ui: UISource | None) -> str:
 class Viewer:
     """The state one `gputrace view` serves."""
 
-    def __init__(self, trace: Trace, doc: dict[str, Any], ui: UISource, name: str = "trace") -> None:
+    def __init__(
+        self, trace: Trace, doc: dict[str, Any], ui: UISource, name: str = "trace", body: bytes | None = None
+    ) -> None:
+        """`body`: the rest of the document, encoded, when `doc` holds only its small keys
+        (`data.split`)."""
         self.trace = trace
         self.ui = ui
         self.base_ns: int = doc["base_ns"]
@@ -178,7 +182,7 @@ class Viewer:
                 "filename": self.filename,
             },
         }
-        self.document = orjson.dumps(doc)
+        self.document = orjson.dumps(doc) if body is None else data.encode_joined(doc, body)
         self.assets = static_assets()
         self.csp = page_csp(ui)
         self._whole: bytes | None = None
@@ -264,8 +268,10 @@ class WindowedViewer(Viewer):
     and reads each timeline window from the trace files when the page asks for it, keeping only
     the spans that meet the window. The download is the first window, not the whole run."""
 
-    def __init__(self, files: list[str], doc: dict[str, Any], ui: UISource, name: str = "trace") -> None:
-        super().__init__(Trace(), doc, ui, name)
+    def __init__(
+        self, files: list[str], doc: dict[str, Any], ui: UISource, name: str = "trace", body: bytes | None = None
+    ) -> None:
+        super().__init__(Trace(), doc, ui, name, body)
         self.files = files
         initial = doc["timeline"].get("initial") or [0, self.end_ns]
         self.initial = (int(initial[0]), int(initial[1]))

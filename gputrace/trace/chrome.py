@@ -21,14 +21,21 @@ which Perfetto and this reader load even without its closing bracket, so a proce
 instant leaves a loadable file. The header travels as a `gputrace` metadata event. `finish()`
 rewrites the file atomically into the object form (header first, then the same event bytes).
 
-Beyond what every format offers (see `registry.py`), `parse` gives a file's raw events, which
-`validate` checks against the rules of Perfetto's JSON importer.
+Reading parses the events a batch at a time (`Batches`, cut at events' ends) and turns each batch
+into columns before the next (`_Builder`): memory holds the columns and one batch. A file of a
+shape that this does not take (cut inside an event, bytes that are not UTF-8, a number past a
+double) is parsed whole, as it always was.
+
+Beyond what every format offers (see `registry.py`), `parse` gives a file's raw events, and
+`parse_batches` the same a batch at a time, which `validate` checks against the rules of
+Perfetto's JSON importer.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import io
 import json
 import os
 import re
@@ -40,7 +47,7 @@ import orjson
 
 from gputrace import native
 from gputrace.errors import TraceFormatError
-from gputrace.trace.files import AppendFile, atomic_writer, read_bytes, read_head, writes_behind
+from gputrace.trace.files import AppendFile, atomic_writer, open_regular, read_bytes, read_head, writes_behind
 from gputrace.trace.layout import (
     CUDA_TRACK,
     ENTRY_ARG,
@@ -79,11 +86,241 @@ native.on_switch(_bind)
 
 def read(path: str, data: bytes | None = None) -> Trace:
     """Parse a Chrome trace file into a `Trace`. Raises `TraceFormatError` with the reason when
-    the file is not a trace; a file cut off mid-write loses only its last, incomplete event."""
+    the file is not a trace; a file cut off mid-write loses only its last, incomplete event.
+
+    The events are parsed a batch at a time and become columns as they come (`_read_batches`),
+    so memory holds the columns and one batch, not the file and an object per event; a file
+    whose shape that path does not take (bytes that are not UTF-8, numbers past a double, a
+    header that changes after the events begin) is parsed whole, as before."""
     if data is None:
+        with open_regular(path) as f:
+            trace = _read_batches(path, f)
+        if trace is not None:
+            return trace
         data = read_bytes(path)
+    else:
+        trace = _read_batches(path, io.BytesIO(data))
+        if trace is not None:
+            return trace
     header, events = parse(path, data)
     return _build(path, header, events)
+
+
+#: Bytes read and parsed at a time by `Batches` (~11,000 of gputrace's events).
+BATCH_BYTES = 1 << 20
+#: How far into a file its header may reach before `"traceEvents"` (else: parsed whole).
+HEADER_BYTES = 1 << 20
+_WS = b" \t\n\r"
+# The end of an event followed by the comma before the next: where a batch may be cut. A cut
+# inside a string or a nested object makes the batch fail to parse, and the one before is tried.
+_EVENT_END = re.compile(rb"\}[ \t\n\r]*,")
+
+
+def _read_batches(path: str, f: BinaryIO) -> Trace | None:
+    """The trace of `f`, built batch by batch (`Batches`); None when the file is not of a shape
+    that path takes (then it is parsed whole)."""
+    src = Batches(path, f)
+    builder: _Builder | None = None
+    for events in src:
+        if builder is None:
+            try:
+                builder = _Builder(path, src.header)
+            except TraceFormatError:
+                return None  # `parse` reads the whole header, and says what is wrong with it
+        builder.add(events)
+    if src.failed:
+        return None
+    try:
+        final = _Builder(path, src.header)
+    except TraceFormatError:
+        return None
+    if builder is None:
+        builder = final
+    elif final.facts[0] != builder.facts[0]:
+        return None  # the time base the events were read with was not the file's
+    return builder.finish(final)
+
+
+class Batches:
+    """A Chrome JSON file's raw events, BATCH_BYTES of the file parsed at a time, each batch cut
+    at an event's end: iterate for the batches, in file order. `header` is the file's top-level
+    keys (a streamed file's `gputrace` events joined into it as they come: whole once iterated,
+    and `"_cut": True` for a streamed file left unfinished). `failed`: the file is not of a shape
+    this reads (not UTF-8, a number past a double, cut inside an event, ...): whatever was given
+    is to be dropped and the file parsed whole (`parse`)."""
+
+    def __init__(self, path: str, f: BinaryIO) -> None:
+        self.path = path
+        self.f = f
+        self.header: dict[str, Any] = {}
+        self.failed = False
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        f = self.f
+        head = f.read(HEADER_BYTES)
+        body = head.lstrip(_WS)
+        header = self.header
+        if body[:1] == b"[":
+            obj = False
+            buf = body[1:]
+        elif body[:1] == b"{":
+            cut = body.find(b'"traceEvents"')
+            if cut < 0:
+                self.failed = True
+                return
+            lead = body[:cut].rstrip(_WS)
+            try:
+                found = orjson.loads(lead.rstrip(b",") + b"}") if lead != b"{" else {}
+            except orjson.JSONDecodeError:
+                found = None
+            rest = body[cut + len(b'"traceEvents"') :].lstrip(_WS)
+            if not isinstance(found, dict) or "traceEvents" in found or rest[:1] != b":":
+                self.failed = True
+                return
+            rest = rest[1:].lstrip(_WS)
+            if rest[:1] != b"[":
+                self.failed = True
+                return
+            header.update(found)
+            obj, buf = True, rest[1:]
+        else:
+            self.failed = True
+            return
+        guess = None
+        if obj and "baseTimeNanoseconds" not in header:
+            guess = _trailing_base(f)  # Kineto writes it after the events
+            if guess is not None:
+                header["baseTimeNanoseconds"] = guess
+        given = False
+        eof = False
+        while True:
+            if not eof:
+                more = f.read(BATCH_BYTES)
+                eof = not more
+                buf += more
+            events, buf = _batch(buf, eof)
+            if events is None:
+                if eof:
+                    break
+                if len(buf) >= BATCH_BYTES:  # a batch's worth with no event end that parses: not for this path
+                    self.failed = True
+                    return
+                continue
+            if not obj:  # a streamed file's header travels in its `gputrace` events
+                _header_events(header, events)
+            given = True
+            yield events
+        # What is left: the last events and the end of the array (and of the object). A file cut
+        # off inside an event, or anything else this does not take, is parsed whole.
+        last, tail = _last_events(buf, obj)
+        if last is None or (tail is not None and ("traceEvents" in tail or (given and not last))):
+            self.failed = True  # (no event after the last cut: a comma before the `]`, which JSON refuses)
+            return
+        if not obj:
+            _header_events(header, last)
+            if tail is None:
+                header["_cut"] = True  # a streamed file whose writer did not finish it
+        elif tail:
+            header.update(tail)
+        if guess is not None and (tail is None or tail.get("baseTimeNanoseconds") != guess):
+            self.failed = True  # the look at the file's end was wrong: what came was read with another base
+            return
+        if last:
+            yield last
+
+
+def parse_batches(path: str) -> Iterator[tuple[Batches, list[Any]]]:
+    """The events of the file at `path` batch by batch, each with the `Batches` that gives them
+    (its `header` and `failed`), and last an empty batch, once the header is whole; what
+    `validate` checks a large file with, holding one batch."""
+    with open_regular(path) as f:
+        src = Batches(path, f)
+        for events in src:
+            yield src, events
+        yield src, []  # the end: the header whole, or `failed`
+
+
+def _header_events(header: dict[str, Any], events: list[Any]) -> None:
+    for e in events:
+        if type(e) is dict and e.get("ph") == "M" and e.get("name") == "gputrace":
+            update_header(header, e.get("args"))
+
+
+_TRAILING_BASE = re.compile(rb'"baseTimeNanoseconds"[ \t\n\r]*:[ \t\n\r]*(-?\d+)[ \t\n\r]*[,}]')
+
+
+def _trailing_base(f: BinaryIO) -> int | None:
+    """The baseTimeNanoseconds written after a file's events, by a look at its last bytes (the
+    reader checks it against the file's own once it gets there)."""
+    try:
+        at = f.tell()
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(at, size - 4096))
+        tail = f.read()
+        f.seek(at)
+    except OSError:
+        return None
+    found = _TRAILING_BASE.findall(tail)
+    return int(found[-1]) if found else None
+
+
+def _batch(buf: bytes, eof: bool) -> tuple[list[Any] | None, bytes]:
+    """The complete events at the start of `buf` (up to the last event end that parses, leaving
+    at least the last one for `_last_events`), and the bytes after them; None: none yet."""
+    if eof:
+        return None, buf
+    end = len(buf)
+    for _ in range(4):
+        m = None
+        for m in _EVENT_END.finditer(buf, max(0, end - (64 << 10)), end):
+            pass
+        if m is None:
+            return None, buf
+        try:
+            events = orjson.loads(b"[" + buf[: m.start() + 1] + b"]")
+        except orjson.JSONDecodeError:
+            end = m.start()
+            continue
+        if isinstance(events, list):
+            return events, buf[m.end() :]
+    return None, buf
+
+
+def _last_events(buf: bytes, obj: bool) -> tuple[list[Any] | None, dict[str, Any] | None]:
+    """The events of the array's last part and, after its `]`, the object's other keys ({}:
+    none; None: the array is not closed). (None, None): the array is cut off."""
+    stripped = buf.rstrip(_WS)
+    if not obj:
+        if not stripped.endswith(b"]"):
+            try:
+                events = orjson.loads(b"[" + stripped.rstrip(b",") + b"]") if stripped.strip(_WS + b",") else []
+            except orjson.JSONDecodeError:
+                return None, None
+            return (events, None) if isinstance(events, list) else (None, None)
+        try:
+            events = orjson.loads(b"[" + stripped)
+        except orjson.JSONDecodeError:
+            return None, None
+        return (events, {}) if isinstance(events, list) else (None, None)
+    # The object form: `...events] , "key": value ... }`; the `]` that closes the array is one of
+    # the last few (a key after it may hold arrays too).
+    at = len(stripped)
+    for _ in range(8):
+        at = stripped.rfind(b"]", 0, at)
+        if at < 0:
+            break
+        after = stripped[at + 1 :].lstrip(_WS)
+        try:
+            events = orjson.loads(b"[" + stripped[: at + 1])
+            if after.startswith(b","):
+                tail = orjson.loads(b"{" + after[1:])
+            else:
+                tail = orjson.loads(b"{" + after) if after == b"}" else None
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(events, list) and isinstance(tail, dict):
+            return events, tail
+    return None, None
 
 
 def read_header(path: str, limit: int = 1 << 20) -> dict[str, Any]:
@@ -238,6 +475,269 @@ def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[
 
 
 def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
+    b = _Builder(path, header)
+    b.add(events)
+    return b.finish()
+
+
+class _Builder:
+    """A trace's columns built from its events as they come, batch by batch (`add`), and the
+    `Trace` made of them (`finish`). What the header says (time base, rank, merged or not) is
+    taken when the builder is made; processes and tracks get their indices as they first appear
+    and are made at the end, once every event has named them (`process_name`, `thread_name` may
+    come anywhere in a file)."""
+
+    def __init__(self, path: str, header: dict[str, Any]) -> None:
+        self.path = path
+        self.facts = _header_facts(path, header)
+        base, meta, info, merged, own, file_rank = self.facts
+        self.pid_rank: dict[Any, int] = {}
+        self.foreign_pids: set[Any] = set()
+        if merged:
+            # Damaged tables are read as far as they make sense: a pid they do not place is foreign.
+            table = meta.get("pid_rank")
+            for pid, r in table.items() if isinstance(table, dict) else ():
+                if type(r) is int and r >= 0:
+                    self.pid_rank[pid_key(pid)] = r
+            listed = meta.get("foreign_pids")
+            if isinstance(listed, list):
+                self.foreign_pids = {pid_key(p) for p in listed if isinstance(p, (int, str))}
+        self.rank_meta: dict[str, Any] = (
+            meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
+        )
+        self.trace = Trace()
+        self.cut = bool(header.get("_cut"))
+        self.proc_name: dict[Any, str] = {}
+        self.proc_sort: dict[Any, int] = {}
+        self.thread_name: dict[tuple[Any, Any], str] = {}
+        self.proc_index: dict[Any, int] = {}
+        self.procs: list[Any] = []  # pids in the order they first appear: index -> pid
+        self.track_index: dict[tuple[Any, Any], int] = {}
+        self.counter_tracks: dict[tuple[Any, str], int] = {}
+        self.tracks: list[tuple[Any, ...]] = []  # index -> what makes the track, in order of appearance
+        self.open_b: dict[tuple[Any, Any], list[tuple[str, int, Any]]] = {}
+        # X events, the bulk of any trace, go to columns of their own and join the trace's at the end.
+        self.x_name = array("l")
+        self.x_track = array("l")
+        self.x_start = array("q")
+        self.x_end = array("q")
+        self.x_args: list[dict[str, Any] | None] = []
+        self.x_cat: list[str | None] = []
+        # Launch arrows (gputrace's own files, see layout.py): their sources are not spans; each
+        # gives its entry to the X span that ends its arrow, joined at the end (`finish`).
+        self.launches = merged or own  # a file whose launch-category flows are arrows' sources
+        self.launch_seen = False
+        self.launch_at: dict[Any, int] = {}  # bind_id -> the source's entry ns
+        self.flows_in: list[tuple[int, Any]] = []  # (X row, bind_id) of spans that end an arrow
+
+    def process_of(self, pid: Any) -> int:
+        i = self.proc_index.get(pid)
+        if i is None:
+            i = self.proc_index[pid] = len(self.procs)
+            self.procs.append(pid)
+        return i
+
+    def track_of(self, pid: Any, tid: Any, cat: Any) -> int:
+        key = (pid, tid)
+        t = self.track_index.get(key)
+        if t is None:
+            p = self.process_of(pid)
+            t = self.track_index[key] = len(self.tracks)
+            self.tracks.append((p, pid, tid, cat, len(self.track_index) - 1))
+        return t
+
+    def add(self, events: list[Any]) -> None:
+        """Take a batch of the file's events, in file order."""
+        base = self.facts[0]
+        trace = self.trace
+        proc_name, proc_sort, thread_name = self.proc_name, self.proc_sort, self.thread_name
+        track_index, track_of, process_of = self.track_index, self.track_of, self.process_of
+        open_b, counter_tracks = self.open_b, self.counter_tracks
+        spans = trace.spans
+        intern = trace.intern
+        name_index = trace._name_index
+        xs_append, xe_append = self.x_start.append, self.x_end.append
+        xn_append, xt_append = self.x_name.append, self.x_track.append
+        xa_append, xc_append = self.x_args.append, self.x_cat.append
+        plain_cats = ("cuda", "cpu", None)
+        for e in events:
+            if type(e) is not dict:
+                continue
+            ph = e.get("ph")
+            if ph == "X":
+                # Types first: a list `ts` times 1000 is a list a thousand times longer.
+                ts = e.get("ts")
+                dur = e.get("dur", 0)
+                if (type(ts) is not int and type(ts) is not float) or (type(dur) is not int and type(dur) is not float):
+                    continue  # validate reports it; readers skip what they cannot place
+                try:
+                    start = base + round(ts * 1000)
+                    end = start + round(dur * 1000)
+                except (ValueError, OverflowError):
+                    continue
+                cat = e.get("cat")
+                flow = "bind_id" in e
+                if flow and cat == LAUNCH_CAT and self.launches:
+                    self.launch_seen = True
+                    _launch_source(e, base, self.launch_at)
+                    continue
+                try:
+                    t = track_index.get((e.get("pid"), e.get("tid")))
+                except TypeError:
+                    continue  # a list or object for a pid or tid: no thread to put it on
+                if t is None:
+                    t = track_of(e.get("pid"), e.get("tid"), cat)
+                n = e.get("name", "")
+                ni = name_index.get(n) if type(n) is str else None
+                if ni is None:
+                    ni = intern(str(n))
+                # The one place a span's fields become columns.
+                try:
+                    xs_append(start)
+                except OverflowError:
+                    continue  # times past 64 bits of ns: the span cannot be placed
+                try:
+                    xe_append(end)
+                except OverflowError:
+                    self.x_start.pop()
+                    continue
+                xa = e.get("args")
+                xn_append(ni)
+                xt_append(t)
+                xa_append(xa if xa and type(xa) is dict else None)
+                xc_append(None if cat in plain_cats or not isinstance(cat, str) else cat)
+                if flow:
+                    self.flows_in.append((len(self.x_start) - 1, e["bind_id"]))
+            elif ph == "M":
+                if not _ids(e):
+                    continue
+                n = e.get("name")
+                a: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
+                if n == "process_name":
+                    proc_name[e.get("pid")] = _text(a.get("name", ""))
+                elif n == "process_sort_index" and type(a.get("sort_index")) is int:
+                    proc_sort[e.get("pid")] = a["sort_index"]
+                elif n == "thread_name":
+                    thread_name[(e.get("pid"), e.get("tid"))] = _text(a.get("name", ""))
+            elif ph in ("B", "E"):
+                key = (e.get("pid"), e.get("tid"))
+                ts = _ns(base, e.get("ts"))
+                if ts is None or not _ids(e):
+                    continue
+                if ph == "B":
+                    ba = e.get("args")
+                    open_b.setdefault(key, []).append((_text(e.get("name", "")), ts, ba if type(ba) is dict else None))
+                elif open_b.get(key):
+                    name, t0, a = open_b[key].pop()
+                    spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
+            elif ph == "C":
+                ts = _ns(base, e.get("ts"))
+                if ts is None or not _ids(e):
+                    continue
+                cargs: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
+                for series, value in cargs.items():
+                    if not isinstance(value, (int, float)) or isinstance(value, bool):
+                        continue
+                    try:
+                        value = float(value)
+                    except OverflowError:
+                        continue  # an integer past what a double holds
+                    name = f"{_text(e.get('name', ''))} {series}"
+                    ck = (e.get("pid"), name)
+                    t = counter_tracks.get(ck)
+                    if t is None:
+                        t = counter_tracks[ck] = len(self.tracks)
+                        self.tracks.append((process_of(e.get("pid")), name))
+                    trace.counters.append(t, ts, value)
+            else:
+                extra = dict(e)
+                extra.pop("dur_ns", None)  # the model's own keys: a file's are not taken for them
+                ts = _ns(base, extra.pop("ts", None))
+                if ts is None or not _ids(e):
+                    continue
+                extra["ts_ns"] = ts
+                if "dur" in extra:
+                    dur = _ns(0, extra.pop("dur"))
+                    if dur is not None:
+                        extra["dur_ns"] = dur
+                extra["process"] = process_of(extra.pop("pid", None))
+                trace.extra.append(extra)
+
+    def finish(self, final: _Builder | None = None) -> Trace:
+        """The trace of every event taken; `final`: a builder made of the file's whole header
+        (a streamed file's updates joined), which says what the processes are."""
+        if final is not None:
+            self.facts, self.cut = final.facts, final.cut
+            self.pid_rank, self.foreign_pids, self.rank_meta = final.pid_rank, final.foreign_pids, final.rank_meta
+        base, meta, info, merged, own, file_rank = self.facts
+        trace = self.trace
+        trace.metadata = dict(meta)
+        trace.metadata["base_ns"] = base
+        if self.cut:
+            # Read up to its last complete event: a crash, a kill, or a copy cut short.
+            trace.metadata["file_cut"] = True
+        if "world_size" in info:
+            trace.metadata.setdefault("world_size", info["world_size"])
+        # Processes that only named themselves still exist (a rank that recorded nothing).
+        for pid in self.proc_name:
+            if pid not in self.proc_index and pid is not None:
+                self.process_of(pid)
+        if own and not merged and file_rank is not None and not self.procs:
+            self.process_of(file_rank + 1)
+        for pid in self.procs:
+            trace.add_process(self._process(pid))
+        for k, made in enumerate(self.tracks):
+            trace.add_track(self._track(made, k))
+        spans = trace.spans
+        before = len(spans)
+        x_entry = _launch_entries(self.launch_at, self.flows_in, len(self.x_start)) if self.launch_seen else None
+        if len(spans):  # B/E spans first, as they were taken
+            spans.extend(self.x_name, self.x_track, self.x_start, self.x_end, self.x_args, self.x_cat)
+        else:  # the columns themselves, not copies
+            spans.name, spans.track, spans.start, spans.end = self.x_name, self.x_track, self.x_start, self.x_end
+            spans.args, spans.cat = self.x_args, self.x_cat
+        if x_entry is not None:
+            spans.entry = array("q", bytes(8 * before)) + x_entry if before else x_entry
+        return trace
+
+    def _process(self, pid: Any) -> Process:
+        base, meta, info, merged, own, file_rank = self.facts
+        if merged:
+            rank = self.pid_rank.get(pid)
+            foreign = pid in self.foreign_pids or rank is None
+            pmeta = self.rank_meta.get(str(rank), {}) if rank is not None and not foreign else {}
+            pmeta = pmeta if isinstance(pmeta, dict) else {}
+        else:
+            rank = file_rank
+            # In gputrace's own per-rank file the rank's process is pid rank + 1; every other
+            # process (or every process of another tool's trace) is foreign to gputrace.
+            foreign = not own or (rank is not None and pid != rank + 1)
+            pmeta = meta if not foreign else {}
+        label = self.proc_name.get(pid) or (f"rank {rank}" if rank is not None and not foreign else f"process {pid}")
+        sort = self.proc_sort.get(pid, rank if rank is not None else 1 << 20)
+        return Process(pid, rank, label, sort, pmeta, foreign)
+
+    def _track(self, made: tuple[Any, ...], k: int) -> Track:
+        if len(made) == 2:  # a counter's series
+            p, name = made
+            dev = CUDA_TRACK.match(name)
+            return Track(p, name, name, "counter", int(dev.group(1)) if dev else None)
+        p, pid, tid, cat, seen = made
+        name = self.thread_name.get((pid, tid)) or f"thread {tid}"
+        m = CUDA_TRACK.match(name)
+        if m:
+            kind, device = "cuda", int(m.group(1))
+        elif name.endswith("(host)") or cat == "cpu":
+            kind, device = "cpu", None
+        else:
+            kind, device = "other", None
+        ordinal = tid if isinstance(tid, int) else seen
+        return Track(p, tid, name, kind, device, ordinal)
+
+
+def _header_facts(path: str, header: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any], bool, bool, Any]:
+    """What a file's header says that its events are read by: (time base, metadata,
+    distributedInfo, merged, written by gputrace, the file's rank or None)."""
     meta: dict[str, Any] = header["metadata"] if isinstance(header.get("metadata"), dict) else {}
     info: dict[str, Any] = header["distributedInfo"] if isinstance(header.get("distributedInfo"), dict) else {}
     base = header.get("baseTimeNanoseconds", 0)
@@ -250,220 +750,32 @@ def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
             raise TraceFormatError(path, "baseTimeNanoseconds is not an integer")
     if not INT64_MIN <= base <= INT64_MAX:
         raise TraceFormatError(path, "baseTimeNanoseconds is out of range (a 64-bit integer of ns)")
-    trace = Trace(dict(meta))
-    trace.metadata["base_ns"] = base
-    if header.get("_cut"):
-        # Read up to its last complete event: a crash, a kill, or a copy cut short.
-        trace.metadata["file_cut"] = True
-    if "world_size" in info:
-        trace.metadata.setdefault("world_size", info["world_size"])
     merged = bool(meta.get("merged"))
     own = "gputrace_version" in meta
     file_rank = info.get("rank", meta.get("rank") if not merged else None)
     if isinstance(file_rank, bool) or not isinstance(file_rank, int) or file_rank < 0:
         file_rank = None
-    pid_rank: dict[Any, int] = {}
-    foreign_pids: set[Any] = set()
-    if merged:
-        # Damaged tables are read as far as they make sense: a pid they do not place is foreign.
-        table = meta.get("pid_rank")
-        for pid, r in table.items() if isinstance(table, dict) else ():
-            if type(r) is int and r >= 0:
-                pid_rank[pid_key(pid)] = r
-        listed = meta.get("foreign_pids")
-        foreign_pids = {pid_key(p) for p in listed if isinstance(p, (int, str))} if isinstance(listed, list) else set()
-    rank_meta: dict[str, Any] = meta["rank_metadata"] if merged and isinstance(meta.get("rank_metadata"), dict) else {}
+    return base, meta, info, merged, own, file_rank
 
-    proc_name: dict[Any, str] = {}
-    proc_sort: dict[Any, int] = {}
-    thread_name: dict[tuple[Any, Any], str] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M" and _ids(e):
-            n = e.get("name")
-            a: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
-            if n == "process_name":
-                proc_name[e.get("pid")] = _text(a.get("name", ""))
-            elif n == "process_sort_index" and type(a.get("sort_index")) is int:
-                proc_sort[e.get("pid")] = a["sort_index"]
-            elif n == "thread_name":
-                thread_name[(e.get("pid"), e.get("tid"))] = _text(a.get("name", ""))
 
-    proc_index: dict[Any, int] = {}
-    track_index: dict[tuple[Any, Any], int] = {}
-
-    def process_of(pid: Any) -> int:
-        i = proc_index.get(pid)
-        if i is None:
-            if merged:
-                rank = pid_rank.get(pid)
-                foreign = pid in foreign_pids or rank is None
-                pmeta = rank_meta.get(str(rank), {}) if rank is not None and not foreign else {}
-                pmeta = pmeta if isinstance(pmeta, dict) else {}
-            else:
-                rank = file_rank
-                # In gputrace's own per-rank file the rank's process is pid rank + 1; every other
-                # process (or every process of another tool's trace) is foreign to gputrace.
-                foreign = not own or (rank is not None and pid != rank + 1)
-                pmeta = meta if not foreign else {}
-            label = proc_name.get(pid) or (f"rank {rank}" if rank is not None and not foreign else f"process {pid}")
-            sort = proc_sort.get(pid, rank if rank is not None else 1 << 20)
-            i = proc_index[pid] = trace.add_process(Process(pid, rank, label, sort, pmeta, foreign))
-        return i
-
-    def track_of(pid: Any, tid: Any, cat: Any) -> int:
-        key = (pid, tid)
-        t = track_index.get(key)
-        if t is None:
-            p = process_of(pid)
-            name = thread_name.get(key) or f"thread {tid}"
-            m = CUDA_TRACK.match(name)
-            if m:
-                kind, device = "cuda", int(m.group(1))
-            elif name.endswith("(host)") or cat == "cpu":
-                kind, device = "cpu", None
-            else:
-                kind, device = "other", None
-            ordinal = tid if isinstance(tid, int) else len(track_index)
-            t = track_index[key] = trace.add_track(Track(p, tid, name, kind, device, ordinal))
-        return t
-
-    counter_tracks: dict[tuple[Any, str], int] = {}
-    open_b: dict[tuple[Any, Any], list[tuple[str, int, Any]]] = {}
-    spans = trace.spans
-    intern = trace.intern
-    name_index = trace._name_index
-    # X events, the bulk of any trace, go to plain lists and join the columns once at the end.
-    x_name: list[int] = []
-    x_track: list[int] = []
-    x_start: list[int] = []
-    x_end: list[int] = []
-    x_args: list[dict[str, Any] | None] = []
-    x_cat: list[str | None] = []
-    plain_cats = ("cuda", "cpu", None)
-    launches: list[dict[str, Any]] = []  # the sources of launch arrows (gputrace's own files)
-    flows_in: list[tuple[int, Any]] = []  # (X row, bind_id) of spans that end an arrow
-    for e in events:
-        if type(e) is not dict:
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            # Types first: a list `ts` times 1000 is a list a thousand times longer.
-            ts = e.get("ts")
-            dur = e.get("dur", 0)
-            if (type(ts) is not int and type(ts) is not float) or (type(dur) is not int and type(dur) is not float):
-                continue  # validate reports it; readers skip what they cannot place
-            try:
-                start = base + round(ts * 1000)
-                end = start + round(dur * 1000)
-            except (ValueError, OverflowError):
-                continue
-            cat = e.get("cat")
-            if "bind_id" in e:
-                if cat == LAUNCH_CAT and (own or merged):
-                    launches.append(e)
-                    continue
-                flows_in.append((len(x_start), e["bind_id"]))
-            try:
-                t = track_index.get((e.get("pid"), e.get("tid")))
-            except TypeError:
-                continue  # a list or object for a pid or tid: no thread to put it on
-            if t is None:
-                t = track_of(e.get("pid"), e.get("tid"), cat)
-            n = e.get("name", "")
-            ni = name_index.get(n) if type(n) is str else None
-            if ni is None:
-                ni = intern(str(n))
-            xa = e.get("args")
-            x_name.append(ni)
-            x_track.append(t)
-            x_start.append(start)
-            x_end.append(end)
-            x_args.append(xa if xa and type(xa) is dict else None)
-            x_cat.append(None if cat in plain_cats or not isinstance(cat, str) else cat)
-        elif ph == "M":
-            continue
-        elif ph in ("B", "E"):
-            key = (e.get("pid"), e.get("tid"))
-            ts = _ns(base, e.get("ts"))
-            if ts is None or not _ids(e):
-                continue
-            if ph == "B":
-                ba = e.get("args")
-                open_b.setdefault(key, []).append((_text(e.get("name", "")), ts, ba if type(ba) is dict else None))
-            elif open_b.get(key):
-                name, t0, a = open_b[key].pop()
-                spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
-        elif ph == "C":
-            ts = _ns(base, e.get("ts"))
-            if ts is None or not _ids(e):
-                continue
-            cargs: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
-            for series, value in cargs.items():
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    continue
-                try:
-                    value = float(value)
-                except OverflowError:
-                    continue  # an integer past what a double holds
-                name = f"{_text(e.get('name', ''))} {series}"
-                ck = (e.get("pid"), name)
-                t = counter_tracks.get(ck)
-                if t is None:
-                    dev = CUDA_TRACK.match(name)
-                    t = counter_tracks[ck] = trace.add_track(
-                        Track(process_of(e.get("pid")), name, name, "counter", int(dev.group(1)) if dev else None)
-                    )
-                trace.counters.append(t, ts, value)
-        else:
-            extra = dict(e)
-            extra.pop("dur_ns", None)  # the model's own keys: a file's are not taken for them
-            ts = _ns(base, extra.pop("ts", None))
-            if ts is None or not _ids(e):
-                continue
-            extra["ts_ns"] = ts
-            if "dur" in extra:
-                dur = _ns(0, extra.pop("dur"))
-                if dur is not None:
-                    extra["dur_ns"] = dur
-            extra["process"] = process_of(extra.pop("pid", None))
-            trace.extra.append(extra)
-    x_entry = _launch_entries(launches, flows_in, len(x_start), base) if launches else None
+def _launch_source(e: dict[str, Any], base: int, at: dict[Any, int]) -> None:
+    """Note a launch arrow's source (see layout.py) in `at` (bind_id -> ns): its exact entry (its
+    `entry_ns` argument, else its time)."""
+    a = e.get("args")
+    exact = a.get(ENTRY_ARG) if type(a) is dict else None
+    ns = exact if type(exact) is int and exact > 0 else _ns(base, e.get("ts"))
     try:
-        x_starts, x_ends = array("q", x_start), array("q", x_end)
-    except OverflowError:  # times past 64 bits of ns: those spans cannot be placed
-        keep = [i for i, (s, e) in enumerate(zip(x_start, x_end)) if _in_range(s) and _in_range(e)]
-        x_name, x_track = [x_name[i] for i in keep], [x_track[i] for i in keep]
-        x_args, x_cat = [x_args[i] for i in keep], [x_cat[i] for i in keep]
-        x_starts, x_ends = array("q", [x_start[i] for i in keep]), array("q", [x_end[i] for i in keep])
-        x_entry = array("q", [x_entry[i] for i in keep]) if x_entry is not None else None
-    before = len(spans)
-    spans.extend(x_name, x_track, x_starts, x_ends, x_args, x_cat)
-    if x_entry is not None:
-        spans.entry = array("q", bytes(8 * before)) + x_entry
-    # Processes that only named themselves still exist (a rank that recorded nothing).
-    for pid in proc_name:
-        if pid not in proc_index and pid is not None:
-            process_of(pid)
-    if own and not merged and file_rank is not None and not trace.processes:
-        process_of(file_rank + 1)
-    return trace
+        if ns is not None and ns > 0:
+            at[e["bind_id"]] = ns
+    except TypeError:  # a bind_id that is not an id (a list): no arrow
+        pass
 
 
-def _launch_entries(launches: list[dict[str, Any]], flows_in: list[tuple[int, Any]], n: int, base: int) -> array[int]:
+def _launch_entries(at: dict[Any, int], flows_in: list[tuple[int, Any]], n: int) -> array[int]:
     """The `entry` column of the file's X spans (`n` of them) from the launch arrows' sources
-    (see layout.py): each source's exact entry (its `entry_ns` argument, else its time), given
-    to the span whose `flow_in` has its `bind_id`; 0 for every other span. A source without its
-    span (a file cut between the two lines) is dropped."""
-    at: dict[Any, int] = {}
-    for e in launches:
-        a = e.get("args")
-        exact = a.get(ENTRY_ARG) if type(a) is dict else None
-        ns = exact if type(exact) is int and exact > 0 else _ns(base, e.get("ts"))
-        try:
-            if ns is not None and ns > 0:
-                at[e["bind_id"]] = ns
-        except TypeError:  # a bind_id that is not an id (a list): no arrow
-            continue
+    (`_launch_source`): each source's entry given to the span whose `flow_in` has its `bind_id`;
+    0 for every other span. A source without its span (a file cut between the two lines) is
+    dropped."""
     entry = array("q", bytes(8 * n))
     for row, flow in flows_in:
         try:

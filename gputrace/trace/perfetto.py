@@ -48,7 +48,9 @@ import json
 import os
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import add
 from typing import Any
 
 import orjson
@@ -834,7 +836,7 @@ def read(path: str, data: bytes | None = None) -> Trace:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_parse(path, data))
+    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_packet_batches(path, data))
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -867,6 +869,59 @@ def _parse(path: str, data: bytes) -> pb.Trace:
     except DecodeError:
         raise TraceFormatError(path, "not a Perfetto protobuf trace (a packet does not parse)") from None
     return msg
+
+
+#: Bytes of packets parsed at a time by `_packet_batches`.
+PACKET_BATCH_BYTES = 4 << 20
+#: Inflated bytes of packets parsed at a time (protobuf's messages take ~40 times their bytes).
+INFLATED_BATCH_BYTES = 128 << 10
+_PACKET_TAG = 0x0A  # Trace.packet: field 1, length-delimited
+
+
+def _packet_batches(path: str, data: bytes) -> Iterator[Any]:
+    """The file's packets, PACKET_BATCH_BYTES of them parsed at a time (memory holds the file and
+    one batch's messages, not a message per packet of the whole file); a file of anything but
+    whole packets (cut off, or other fields) is parsed whole, as `_parse` does."""
+    pos, n, start = 0, len(data), 0
+    cuts = []
+    while pos < n:
+        tag, p = _varint(data, pos)
+        if tag != _PACKET_TAG:
+            break
+        size, p = _varint(data, p)
+        if size < 0 or p + size > n:
+            break
+        pos = p + size
+        if pos - start >= PACKET_BATCH_BYTES:
+            cuts.append((start, pos))
+            start = pos
+    if pos != n or not cuts:
+        yield _parse(path, data).packet
+        return
+    cuts.append((start, n))
+    for lo, hi in cuts:
+        msg = pb.Trace()
+        try:
+            msg.ParseFromString(data[lo:hi])
+        except DecodeError:
+            raise TraceFormatError(path, "not a Perfetto protobuf trace (a packet does not parse)") from None
+        yield msg.packet
+        del msg
+
+
+def _packet_prefix(data: bytes, pos: int, most: int) -> int:
+    """Where the whole packets of `data` from `pos` end, at the first packet end `most` bytes
+    on or the last whole packet (`pos`: none, or something other than a packet comes first)."""
+    n, start = len(data), pos
+    while pos < n and pos - start < most:
+        tag, p = _varint(data, pos)
+        if tag != _PACKET_TAG:
+            return start if pos == start else pos
+        size, p = _varint(data, p)
+        if size < 0 or p + size > n:
+            return pos
+        pos = p + size
+    return pos
 
 
 def _whole_packets(data: bytes) -> int:
@@ -911,6 +966,28 @@ class _Seq:
         self.offset = 0  # trace time - incremental clock
 
 
+class _Spans:
+    """One track's finished spans while reading, in columns: names (the interned strings
+    themselves), start and end as read (before the base), args and categories."""
+
+    __slots__ = ("name", "start", "end", "args", "cat")
+
+    def __init__(self) -> None:
+        self.name: list[str] = []
+        self.start: Any = array("q")
+        self.end: Any = array("q")
+        self.args: list[Any] = []
+        self.cat: list[Any] = []
+
+    def widen(self, start: int, end: int) -> None:
+        """Append a span whose times do not fit 64 bits: the columns become lists of ints."""
+        if len(self.start) > len(self.end):  # the start went in, the end did not
+            self.start.pop()
+        self.start, self.end = list(self.start), list(self.end)
+        self.start.append(start)
+        self.end.append(end)
+
+
 class _Reader:
     def __init__(self, path: str, inflate: int = INFLATE_MIN) -> None:
         self.path = path
@@ -919,16 +996,18 @@ class _Reader:
         self.extra: list[dict[str, Any]] = []
         self.descriptors: dict[int, pb.TrackDescriptor] = {}  # uuid -> descriptor, in file order
         self.incremental: set[tuple[int, int]] = set()  # (sequence, clock id)
-        self.spans: dict[int, list[tuple[str, int, int, Any, Any]]] = {}  # uuid -> spans
+        self.spans: dict[int, _Spans] = {}  # uuid -> its finished spans, as columns
         self.samples: dict[int, list[tuple[int, float]]] = {}
         self.launches: dict[int, int] = {}  # flow id -> host entry (the launch arrows' sources)
         self.launch_tracks: set[int] = set()  # uuids of tracks holding them
         self.flows_in: dict[int, list[tuple[int, int]]] = {}  # uuid -> (row in spans[uuid], flow id)
 
-    def build(self, msg: pb.Trace) -> Trace:
+    def build(self, batches: Iterable[Any]) -> Trace:
+        """The trace of the file's packets, given a batch of them at a time."""
         self.seqs: dict[int, _Seq] = {}
         self.open: dict[int, list[tuple[str, int, Any, Any, int]]] = {}
-        self._packets(msg.packet)
+        for packets in batches:
+            self._packets(packets)
         # Spans still open at the end were cut off mid-write (their end never came): left out.
         return self._trace()
 
@@ -980,10 +1059,18 @@ class _Reader:
                         name, t0, a, cat, flow = stack.pop()
                         done = spans.get(uuid)
                         if done is None:
-                            done = spans[uuid] = []
+                            done = spans[uuid] = _Spans()
                         if flow:
-                            self.flows_in.setdefault(uuid, []).append((len(done), flow))
-                        done.append((name, t0, ts, a, cat))
+                            self.flows_in.setdefault(uuid, []).append((len(done.name), flow))
+                        # The one place a span's fields become columns.
+                        done.name.append(name)
+                        try:
+                            done.start.append(t0)
+                            done.end.append(ts)
+                        except OverflowError:  # uint64 past int64: this track's times as Python ints
+                            done.widen(t0, ts)
+                        done.args.append(a)
+                        done.cat.append(cat)
                 elif t == _INSTANT and te.flow_ids:
                     self._launch(st, uuid, ts, te)
                 elif t == _COUNTER:
@@ -998,7 +1085,9 @@ class _Reader:
             elif kind == "compressed_packets":
                 if depth >= MAX_NESTING:
                     raise TraceFormatError(self.path, f"compressed packets nested more than {MAX_NESTING} deep")
-                self._packets(self._inflate(p.compressed_packets).packet, depth + 1)
+                for inner in self._inflate(p.compressed_packets):
+                    self._packets(inner, depth + 1)
+                    del inner  # its messages go before the next batch is parsed
 
     def _launch(self, st: _Seq, uuid: int, ts: int, te: pb.TrackEvent) -> None:
         """A launch arrow's source (see layout.py): its host entry (the exact one where it was
@@ -1020,7 +1109,9 @@ class _Reader:
         rest. None while no span has one."""
         flows = self.flows_in.get(uuid)
         if not flows or not self.launches:
-            return None if entry is None else entry + array("q", bytes(8 * n))
+            if entry is not None:
+                entry.extend(array("q", bytes(8 * n)))
+            return entry
         if entry is None:
             entry = array("q", bytes(8 * first_row))
         mine = array("q", bytes(8 * n))
@@ -1028,10 +1119,14 @@ class _Reader:
             at = self.launches.get(flow)
             if at is not None and row < n:
                 mine[row] = base + at
-        return entry + mine
+        entry.extend(mine)  # in place: a copy per track would cost the whole column each time
+        return entry
 
-    def _inflate(self, data: bytes) -> pb.Trace:
-        """Compressed packets, inflated within what is left of the file's allowance."""
+    def _inflate(self, data: bytes) -> Iterator[Any]:
+        """Compressed packets, inflated within what is left of the file's allowance (refused
+        before any of them is read when they pass it), and given a batch of whole packets at a
+        time (INFLATED_BATCH_BYTES of inflated bytes): memory holds their bytes and one batch's
+        messages, not a message for every packet they hold."""
         z = zlib.decompressobj()
         try:
             raw = z.decompress(data, self.inflate + 1)
@@ -1042,7 +1137,14 @@ class _Reader:
                     "(a decompression bomb?)",
                 )
             self.inflate -= len(raw)
-            return pb.Trace.FromString(raw)
+            pos, n = 0, len(raw)
+            while pos < n:
+                end = _packet_prefix(raw, pos, INFLATED_BATCH_BYTES)
+                if end <= pos:  # not whole packets from here: the rest at once, as a Trace
+                    yield pb.Trace.FromString(raw[pos:]).packet
+                    return
+                yield pb.Trace.FromString(raw[pos:end]).packet
+                pos = end
         except (zlib.error, DecodeError):
             raise TraceFormatError(self.path, "a compressed packet does not inflate to packets") from None
 
@@ -1143,24 +1245,27 @@ class _Reader:
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
         entry: array[int] | None = None
-        for uuid, lst in self.spans.items():
+        for uuid in list(self.spans):
+            c = self.spans.pop(uuid)  # let go of each track's columns once they are the trace's
             t = track_of.get(uuid)
             if t is None:
                 t = track_of[uuid] = trace.add_track(Track(process_of(0), uuid, f"track {uuid}"))
+            names, args, cats = c.name, c.args, c.cat
             try:
-                starts = array("q", [base + x[1] for x in lst])
-                ends = array("q", [base + x[2] for x in lst])
+                starts = array("q", map(add, c.start, repeat(base)))
+                ends = array("q", map(add, c.end, repeat(base)))
             except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
                 self.flows_in.pop(uuid, None)
-                lst = [x for x in lst if _in_range(base + x[1]) and _in_range(base + x[2])]
-                if not lst:
+                keep = [i for i in range(len(names)) if _in_range(base + c.start[i]) and _in_range(base + c.end[i])]
+                if not keep:
                     continue
-                starts = array("q", [base + x[1] for x in lst])
-                ends = array("q", [base + x[2] for x in lst])
-            names, _, _, args, cats = zip(*lst)
+                starts = array("q", [base + c.start[i] for i in keep])
+                ends = array("q", [base + c.end[i] for i in keep])
+                names, args, cats = [names[i] for i in keep], [args[i] for i in keep], [cats[i] for i in keep]
+            del c
             ids = {n: intern(n) for n in set(names)}
-            entry = self._entries(uuid, len(spans), len(lst), entry, base)
-            spans.extend([ids[n] for n in names], [t] * len(lst), starts, ends, args, cats)
+            entry = self._entries(uuid, len(spans), len(names), entry, base)
+            spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, cats)
         spans.entry = entry
         counters = trace.counters
         for uuid, samples in self.samples.items():

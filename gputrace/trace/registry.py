@@ -21,7 +21,9 @@ A format's module provides:
 
 It may offer more, which a stage asks for by name with `Format.capability` instead of testing the
 format's name: ``parse(path, data) -> (header, events)`` (the file's raw Chrome JSON events, which
-`validate` checks against Perfetto's JSON importer rules; the JSON format offers it).
+`validate` checks against Perfetto's JSON importer rules; the JSON format offers it), and
+``parse_batches(path)`` (the same events a batch at a time, so a large file is checked holding
+one batch).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
 Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format

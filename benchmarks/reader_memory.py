@@ -1,0 +1,122 @@
+"""Peak memory of the commands that read a trace: does each stay within 1.5x the file's size,
+or 100 bytes an event, whichever is larger?
+
+One rank's trace of `--events` spans (3M by default; four CUDA streams and a host thread, a
+step span every 100, an argument on one span in ten) in both formats, each read by `validate`,
+`summary`, `merge` and `view` (the library calls behind the commands; `view`: the trace loaded
+and its page's document computed), each in a fresh process: the peak resident memory of that
+process (VmHWM, its imports included), its ratio to the file's size, the bytes an event, the
+time, and whether it is within the bound. `--root DIR` measures another checkout of gputrace
+(a `git archive` of main: the numbers before a change). Files are kept in `--dir` and reused.
+
+    python benchmarks/reader_memory.py [--events 3000000] [--dir DIR] [--root DIR] [--ops validate,summary]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r"""
+import json, os, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
+sys.path.insert(0, sys.argv[4])
+from gputrace import merge, summary
+from gputrace.viewer import data
+from gputrace.validate import validate_file
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key): return int(line.split()[1]) * 1024
+op, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+call = {
+    "validate": lambda: validate_file(path),
+    "summary": lambda: summary.summary_of_files([path]),
+    "merge": lambda: merge.merge([path], out, workers=1),
+    "view": lambda: data.document(data.load([path])),
+}[op]
+imports = status("VmRSS:")
+t = time.perf_counter()
+try:
+    call()
+    outcome = "ok"
+except MemoryError:
+    outcome = "MemoryError (past 12 GB)"
+print(json.dumps({"peak": status("VmHWM:"), "imports": imports, "s": time.perf_counter() - t, "outcome": outcome}))
+"""
+
+BASE = 1_700_000_000_000_000_000
+
+
+def make(d: str, events: int) -> dict[str, str]:
+    sys.path.insert(0, ROOT)
+    from gputrace.trace import chrome, perfetto
+    from gputrace.trace.model import Process, Trace, Track
+
+    out = {"own.json": os.path.join(d, f"own-{events}.json"), "own.pftrace": os.path.join(d, f"own-{events}.pftrace")}
+    if all(os.path.exists(p) for p in out.values()):
+        return out
+    meta = {"gputrace_version": "bench", "rank": 0, "world_size": 1, "run_id": "bench"}
+    t = Trace(dict(meta))
+    p = t.add_process(Process(1, 0, "rank 0", 0, meta))
+    tracks = [t.add_track(Track(p, i + 1, f"cuda:0 stream {i}", "cuda", 0, i)) for i in range(4)]
+    host = t.add_track(Track(p, 9, "thread MainThread (host)", "cpu", None, 9))
+    step = 0
+    for k in range(events):
+        s = BASE + k * 1_000 + (k * 7919) % 333  # irregular times, as real ones are
+        if k % 100 == 0:
+            t.add_span("step", host, s, s + 99_000, {"step": step})
+            step += 1
+        else:
+            t.add_span(f"kernel_{k % 37}", tracks[k % 4], s, s + 400 + k % 97, {"bytes": k} if k % 10 == 0 else None)
+    chrome.write(t, out["own.json"])
+    perfetto.write(t, out["own.pftrace"])
+    return out
+
+
+def run(op: str, path: str, d: str, root: str) -> dict[str, object]:
+    out = os.path.join(d, "merged" + os.path.splitext(path)[1])
+    cmd = [sys.executable, "-c", CHILD, op, path, out, root]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=d)
+    if r.returncode != 0:
+        return {"peak": 0, "imports": 0, "s": 0.0, "outcome": f"exit {r.returncode}: {r.stderr.strip()[-200:]}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=3_000_000)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "gputrace-reader-memory"))
+    ap.add_argument("--root", default=ROOT, help="the gputrace checkout to measure")
+    ap.add_argument("--ops", default="validate,summary,merge,view")
+    ap.add_argument("--formats", default="own.json,own.pftrace")
+    args = ap.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    files = make(args.dir, args.events)
+    print(f"{args.events:,} events, code in {args.root}")
+    print(
+        f"{'file':<12} {'size':>9} {'op':<9} {'peak RSS':>9} {'imports':>8} {'x size':>7} {'B/event':>8} "
+        f"{'time':>7}  bound"
+    )
+    for name in args.formats.split(","):
+        path = files[name]
+        size = os.path.getsize(path)
+        bound = max(1.5 * size, 100 * args.events)
+        for op in args.ops.split(","):
+            r = run(op, path, args.dir, os.path.abspath(args.root))
+            peak = int(r["peak"])  # type: ignore[call-overload]
+            verdict = ("within" if peak <= bound else "OVER") if r["outcome"] == "ok" else str(r["outcome"])[:80]
+            print(
+                f"{name:<12} {size / 1e6:>7.1f}MB {op:<9} {peak / 1e6:>7.0f}MB {int(r['imports']) / 1e6:>6.0f}MB "  # type: ignore[call-overload]
+                f"{peak / size:>6.2f}x {peak / args.events:>8.0f} {float(r['s']):>6.1f}s  {verdict}",  # type: ignore[arg-type]
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

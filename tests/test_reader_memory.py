@@ -1,0 +1,116 @@
+"""The readers build columns as they read: reading a trace, or validating one, holds memory in
+proportion to its events and within a bound of its size, not an object per event of the whole
+file. Each read runs in a fresh process, whose peak resident memory (VmHWM, reset after the
+imports) is what is measured; the same reads give the same trace as a whole-file parse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+from gputrace.trace import chrome, perfetto
+from gputrace.trace.model import Process, Trace, Track
+
+EVENTS = 200_000
+BASE = 1_700_000_000_000_000_000
+#: What a reader may hold above what it held after its imports: 100 bytes an event or 1.5 times
+#: the file's size, whichever is larger, and what one batch costs whatever the file's size (its
+#: bytes, the events or protobuf messages parsed from them, the allocator's slack after them).
+PER_EVENT = 100
+PER_SIZE = 1.5
+BATCH = 32 << 20
+
+CHILD = r"""
+import json, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+from gputrace.trace import chrome, perfetto
+from gputrace.validate import validate_file
+op, path = sys.argv[1], sys.argv[2]
+read = {"chrome": chrome.read, "perfetto": perfetto.read, "validate": validate_file}[op]
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM from here
+out = read(path)
+n = len(out.spans) if op != "validate" else out.spans
+print(json.dumps({"peak": status("VmHWM:") - before, "n": n}))
+"""
+
+
+def big_trace(n: int) -> Trace:
+    """One rank of `n` spans on four streams and a host thread, an argument on one in ten."""
+    meta = {"gputrace_version": "test", "rank": 0, "world_size": 1, "run_id": "memory"}
+    t = Trace(dict(meta))
+    p = t.add_process(Process(1, 0, "rank 0", 0, meta))
+    tracks = [t.add_track(Track(p, i + 1, f"cuda:0 stream {i}", "cuda", 0, i)) for i in range(4)]
+    names = [t.intern(f"kernel_{k}") for k in range(37)]
+    start = array("q", (BASE + k * 1_000 + (k * 7919) % 333 for k in range(n)))
+    t.spans.extend(
+        array("l", (names[k % 37] for k in range(n))),
+        array("l", (tracks[k % 4] for k in range(n))),
+        start,
+        array("q", (s + 400 + k % 97 for k, s in enumerate(start))),
+        [{"bytes": k} if k % 10 == 0 else None for k in range(n)],
+    )
+    return t
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("memory")
+    t = big_trace(EVENTS)
+    out = {"chrome": d / "big.json", "perfetto": d / "big.pftrace"}
+    chrome.write(t, str(out["chrome"]))
+    perfetto.write(t, str(out["perfetto"]))
+    return out
+
+
+def peak(op: str, path: Path) -> tuple[int, int]:
+    r = subprocess.run([sys.executable, "-c", CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return got["peak"], got["n"]
+
+
+@pytest.mark.parametrize("op, fmt", [("chrome", "chrome"), ("validate", "chrome"), ("perfetto", "perfetto")])
+def test_a_read_holds_columns_not_the_file_parsed(files: dict[str, Path], op: str, fmt: str) -> None:
+    path = files[fmt]
+    size = path.stat().st_size
+    held, n = peak(op, path)
+    assert n == EVENTS
+    bound = max(PER_SIZE * size, PER_EVENT * EVENTS) + BATCH
+    # A whole-file parse holds ~1 KB an event (200 MB here): this fails by far if one comes back.
+    assert held <= bound, (
+        f"{op} of {size / 1e6:.1f} MB ({EVENTS:,} events) held {held / 1e6:.1f} MB > {bound / 1e6:.1f} MB"
+    )
+
+
+def test_batches_read_what_the_whole_file_gives(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small batches and header, so every cut between events is taken somewhere.
+    monkeypatch.setattr(chrome, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(chrome, "HEADER_BYTES", 512)
+    path = str(files["chrome"])
+    data = Path(path).read_bytes()
+    batched = chrome.read(path)
+    whole = chrome._build(path, *chrome.parse(path, data))
+    for col in ("name", "track", "start", "end", "args", "cat"):
+        assert list(getattr(batched.spans, col)) == list(getattr(whole.spans, col)), col
+    assert batched.names == whole.names and batched.tracks == whole.tracks
+    assert batched.processes == whole.processes and batched.metadata == whole.metadata
+    monkeypatch.setattr(perfetto, "INFLATED_BATCH_BYTES", 4096)
+    p = perfetto.read(str(files["perfetto"]))
+
+    def rows(t: Trace) -> list[tuple[str, int, int, object]]:
+        sp = t.spans
+        return sorted(
+            zip([t.names[i] for i in sp.name], sp.start, sp.end, map(repr, sp.args)), key=lambda r: (r[1], r[2], r[0])
+        )
+
+    assert rows(p) == rows(whole)
