@@ -100,8 +100,9 @@ def test_follow_a_running_job_until_it_hangs_and_is_killed(browser: Any, tmp_pat
         row = page.locator("[data-testid=follow-rank-row][data-rank='1']")
         assert row.get_attribute("class") == "hung"
         assert "step > data" in row.inner_text()
-        verdict = page.inner_text("[data-testid=follow-verdict]")
-        assert f"rank 0 wait in all_reduce of step {HANG_AT} for rank 1, which is in data" in verdict
+        # The verdict is said once the ranks have sat still for live.SETTLED_S (a poll or two later).
+        said = f"rank 0 wait in all_reduce of step {HANG_AT} for rank 1, which is in data"
+        wait_for(lambda: said in page.inner_text("[data-testid=follow-verdict]"), 30, "the verdict")
         wait_for(lambda: "stopped" in page.inner_text("[data-testid=follow-status]"), 30, "the stopped state")
         # The slow rank (3x the compute) is marked slowest in its steps.
         doc = page.evaluate("async () => (await fetch('follow.json')).json()")
