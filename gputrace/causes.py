@@ -78,33 +78,55 @@ def causes(st: Steps, co: Collectives | None, fmt_ns: Callable[[float], str]) ->
     for k, v in enumerate(st.verdicts):
         if v.called and v.margin_ns > busy_noise:
             by_rank.setdefault(v.rank, []).append(k)
+
+    def why(r: int, span: Sequence[int], margin: int) -> str:
+        """Where rank r's extra time went in steps `span`, against the other ranks' median."""
+        others = [q for q in ranks if q != r]
+        parts = []
+        for label, col in (("idle outside any span", st.idle_ns), ("work inside spans", work)):
+            mine = _known([col[r][k] for k in span])
+            theirs = [_known([col[q][k] for q in others]) for k in span]
+            if len(mine) != len(span) or not others or not all(theirs):
+                continue
+            m_mine = sum(mine) / len(mine)
+            m_theirs = sum(median(v) for v in theirs) / len(theirs)
+            if m_mine - m_theirs > margin / 4:
+                text = f"{fmt_ns(m_mine)} {label} a step (the others {fmt_ns(m_theirs)})"
+                parts.append((int(m_mine - m_theirs), text))
+        lag = _known([st.launch_lag_ns[r][k] for k in span])
+        lag_others = _known([x for q in others for k in span for x in [st.launch_lag_ns[q][k]] if x is not None])
+        if lag and lag_others and len(lag) == len(span):
+            ex = sum(lag) // len(lag) - int(median(lag_others))
+            if ex > margin // 4:
+                parts.append(
+                    (ex, f"launch lag {fmt_ns(sum(lag) / len(lag))} (the others {fmt_ns(median(lag_others))})")
+                )
+        parts.sort(key=lambda p: -p[0])
+        return ", ".join(p[1] for p in parts) if parts else f"{fmt_ns(margin)} more busy time a step than the median"
+
+    said: set[int] = set()
     for r, ks in by_rank.items():
         for a, b in _runs(ks):
             span = range(a, b + 1)
             margin = sum(st.verdicts[k].margin_ns for k in span) // len(span)
-            others = [q for q in ranks if q != r]
-            parts = []
-            for label, col in (("idle outside any span", st.idle_ns), ("work inside spans", work)):
-                mine = _known([col[r][k] for k in span])
-                theirs = [_known([col[q][k] for q in others]) for k in span]
-                if len(mine) != len(span) or not others or not all(theirs):
-                    continue
-                m_mine = sum(mine) / len(mine)
-                m_theirs = sum(median(v) for v in theirs) / len(theirs)
-                if m_mine - m_theirs > margin / 4:
-                    text = f"{fmt_ns(m_mine)} {label} a step (the others {fmt_ns(m_theirs)})"
-                    parts.append((int(m_mine - m_theirs), text))
-            lag = _known([st.launch_lag_ns[r][k] for k in span])
-            lag_others = _known([x for q in others for k in span for x in [st.launch_lag_ns[q][k]] if x is not None])
-            if lag and lag_others and len(lag) == len(span):
-                ex = sum(lag) // len(lag) - int(median(lag_others))
-                if ex > margin // 4:
-                    parts.append(
-                        (ex, f"launch lag {fmt_ns(sum(lag) / len(lag))} (the others {fmt_ns(median(lag_others))})")
-                    )
-            parts.sort(key=lambda p: -p[0])
-            why = ", ".join(p[1] for p in parts) if parts else f"{fmt_ns(margin)} more busy time a step than the median"
-            found.append((margin * len(span), f"rank {r} slowest in {_steps_text(st, a, b)}: {why}"))
+            found.append((margin * len(span), f"rank {r} slowest in {_steps_text(st, a, b)}: {why(r, span, margin)}"))
+            said.add(r)
+
+    # A rank slowest in most steps (three in four) by margins that vary less than the steps do:
+    # the busy times' noise above is the steps', common to every rank, which margins cancel out.
+    # What must stand out is the mean margin, against its own noise (over sqrt(n) steps).
+    steady: dict[int, list[int]] = {}
+    for k, v in enumerate(st.verdicts):
+        if v.called and v.margin_ns > floor:
+            steady.setdefault(v.rank, []).append(k)
+    for r, ks in steady.items():
+        if r in said or len(ks) < max(3, (3 * st.count + 3) // 4):
+            continue
+        margins = [st.verdicts[k].margin_ns for k in ks]
+        margin = sum(margins) // len(ks)
+        if margin <= NOISE_MADS * _mad(margins) / len(ks) ** 0.5:
+            continue
+        found.append((margin * len(ks), f"rank {r} slowest in {len(ks)} of {st.count} steps: {why(r, ks, margin)}"))
 
     # Every rank spending more on one part of the step in consecutive steps.
     transfer_name = _transfer_names(st, co)

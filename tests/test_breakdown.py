@@ -630,3 +630,25 @@ def test_planted_causes_in_real_gloo_runs_are_found_and_said(planted: Any) -> No
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         worker(sys.argv[2])
+
+
+def test_a_rank_slower_in_every_step_by_less_than_the_steps_vary_is_said() -> None:
+    from gputrace.causes import causes
+
+    def run(slower: bool) -> list[str]:
+        # Steps of 1-3 ms that every rank shares (the step-to-step noise is ~1 ms), and rank 1
+        # doing 0.25-0.29 ms more work in each when `slower`: by far less than the steps vary.
+        spans: dict[int, list[tuple[Any, ...]]] = {0: [], 1: [], 2: []}
+        for k in range(16):
+            at, common = k * 4_000_000, 1_000_000 + (k * 7919 % 13) * 150_000
+            for r in spans:
+                work = common + r * 1_000 + (250_000 + (k % 3) * 20_000 if slower and r == 1 else 0)
+                spans[r] += [("fwd", at, at + work, "main"), ("step", at, at + work + 10_000, "main")]
+        s = stats.summarize(mk(spans))
+        assert s.steps is not None
+        return causes(s.steps, s.collectives, stats.fmt_ns)
+
+    said = run(True)
+    assert len(said) == 1 and said[0].startswith("rank 1 slowest in 16 of 16 steps: "), said
+    assert "work inside spans" in said[0]
+    assert run(False) == []  # the same steps without the slower rank: nothing is said
