@@ -152,3 +152,23 @@ def run_rank_processes(
         line = orjson.loads(stdout.strip().splitlines()[-1])
         results[line["rank"]] = line
     return results
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium for a module's page tests (skipped by the modules where it is absent)."""
+    from .perfetto_ui import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def still_ui(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A stand-in for the Perfetto UI that loads nothing, for pages whose timeline is not tested
+    (the real UI's WebAssembly would take the machine's two cores)."""
+    from gputrace.viewer import server
+
+    d = tmp_path_factory.mktemp("still-ui")
+    (d / "index.html").write_text("<!doctype html><title>no timeline here</title>")
+    return server.resolve_ui(str(d))

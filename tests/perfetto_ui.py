@@ -27,6 +27,21 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium (Debian's build, through Playwright), closed on the way out."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
 EMBEDDED = "index.html#!/viewer?mode=embedded"
 
 # Every wait on the page is bounded: a trace processor that never answers fails the test instead

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +28,6 @@ HANG_AT = 25
 why_not = perfetto_ui.available()
 if why_not:
     pytestmark = [pytestmark, pytest.mark.skip(reason=why_not)]  # type: ignore[assignment]
-
-
-@pytest.fixture()
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def start_job(out: Path, world: int = 2) -> list[subprocess.Popen[str]]:

@@ -294,6 +294,7 @@ def test_nests_as_the_json_of_the_same_trace(seed: int, monkeypatch: pytest.Monk
 
 def test_recorded_run_nests_as_its_json(tmp_path: Path) -> None:
     json_path, proto_path = recorded_run(tmp_path)
+
     # The spans; the launch arrows' sources (instants in protobuf, zero-length slices in JSON) are
     # checked in Perfetto's own UI by test_flows.
     def spans(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

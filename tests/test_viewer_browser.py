@@ -36,27 +36,6 @@ if why_not:
     pytestmark = [pytestmark, pytest.mark.skip(reason=why_not)]  # type: ignore[assignment]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def still_ui(tmp_path_factory: pytest.TempPathFactory) -> server.UISource:
-    """A stand-in for the Perfetto UI that loads nothing, for pages whose timeline is not tested
-    (the real UI's WebAssembly would take the machine's two cores)."""
-    d = tmp_path_factory.mktemp("still-ui")
-    (d / "index.html").write_text("<!doctype html><title>no timeline here</title>")
-    return server.resolve_ui(str(d))
-
-
 @contextmanager
 def serving(trace: Any, ui: server.UISource, **kw: Any) -> Iterator[str]:
     viewer = server.Viewer(trace, data.document(trace, **kw), ui, name="test")

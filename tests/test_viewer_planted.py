@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,25 +86,6 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _, err = p.communicate(timeout=400)
         assert p.returncode == 0, err
     return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def still_ui(tmp_path_factory: pytest.TempPathFactory) -> server.UISource:
-    d = tmp_path_factory.mktemp("still-ui")
-    (d / "index.html").write_text("<!doctype html><title>no timeline here</title>")
-    return server.resolve_ui(str(d))
 
 
 def test_the_document_of_the_planted_run(planted: Path) -> None:

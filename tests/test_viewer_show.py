@@ -6,7 +6,6 @@ are listed in words."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +22,6 @@ pytestmark = pytest.mark.browser
 why_not = perfetto_ui.available()
 if why_not:
     pytestmark = [pytestmark, pytest.mark.skip(reason=why_not)]  # type: ignore[assignment]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=perfetto_ui.CHROMIUM, args=perfetto_ui.ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def still_ui(tmp_path_factory: pytest.TempPathFactory) -> server.UISource:
-    """A stand-in for the Perfetto UI that loads nothing (see test_viewer_browser)."""
-    d = tmp_path_factory.mktemp("still-ui")
-    (d / "index.html").write_text("<!doctype html><title>no timeline here</title>")
-    return server.resolve_ui(str(d))
 
 
 REVEALED_JS = """async (pid) => {
