@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gputrace import session
+from gputrace import native, session
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.record import Recorder
@@ -172,3 +172,19 @@ def still_ui(tmp_path_factory: pytest.TempPathFactory) -> Any:
     d = tmp_path_factory.mktemp("still-ui")
     (d / "index.html").write_text("<!doctype html><title>no timeline here</title>")
     return server.resolve_ui(str(d))
+
+
+#: The C and the pure-Python twin, for tests parametrized over both in one process (with
+#: `twins_restored`, which puts the build in use back afterwards).
+TWINS = [
+    pytest.param(False, id="python"),
+    pytest.param(True, id="c", marks=pytest.mark.skipif(native.hot is None, reason="the C build is not in use")),
+]
+
+
+@pytest.fixture()
+def twins_restored() -> Iterator[None]:
+    before = native.hot is not None
+    yield
+    session.reset()
+    native.use(before)

@@ -11,21 +11,10 @@ import pytest
 import gputrace
 from gputrace import native, record, session
 
-from .conftest import install
+from .conftest import TWINS, install
 from .fakes import FakeDevice
 
-TWINS = [
-    pytest.param(False, id="python"),
-    pytest.param(True, id="c", marks=pytest.mark.skipif(native.hot is None, reason="the C build is not in use")),
-]
-
-
-@pytest.fixture(autouse=True)
-def back_to_the_start() -> Any:
-    before = native.hot is not None
-    yield
-    gputrace.reset()
-    native.use(before)
+pytestmark = pytest.mark.usefixtures("twins_restored")
 
 
 def record_steps(fake: FakeDevice, steps: int = 6) -> tuple[list[int], Any]:

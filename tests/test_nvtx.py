@@ -15,21 +15,10 @@ from gputrace.cli import main
 from gputrace.config import Config
 from gputrace.errors import ConfigError, GputraceWarning
 
-from .conftest import install
+from .conftest import TWINS, install
 from .fakes import FakeDevice
 
-TWINS = [
-    pytest.param(False, id="python"),
-    pytest.param(True, id="c", marks=pytest.mark.skipif(native.hot is None, reason="the C build is not in use")),
-]
-
-
-@pytest.fixture(autouse=True)
-def back_to_the_start() -> Any:
-    before = native.hot is not None
-    yield
-    gputrace.reset()
-    native.use(before)
+pytestmark = pytest.mark.usefixtures("twins_restored")
 
 
 class Tool:
