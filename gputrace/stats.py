@@ -27,7 +27,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, compress, repeat
+from itertools import compress, repeat
 from operator import ge, sub
 from typing import Any
 
@@ -589,27 +589,8 @@ def _steps(
         idx = step_idx[s][skip : skip + count]
         ss = [start[i] for i in idx]
         se = [end[i] for i in idx]
-        us: list[int] = []
-        ue: list[int] = []
-        for i in coll_idx[s]:  # merge the rank's collective spans into disjoint intervals
-            a, b = start[i], end[i]
-            if us and a <= ue[-1]:
-                if b > ue[-1]:
-                    ue[-1] = b
-            else:
-                us.append(a)
-                ue.append(b)
-        prefix = list(accumulate(map(sub, ue, us), initial=0))
-        # A step [a, b) meets the intervals [i, j): i the first ending after a, j the first
-        # starting at or after b; their lengths from the prefix sums, less what lies outside.
-        ii = [bisect_right(ue, a) for a in ss]
-        jj = [bisect_left(us, b) for b in se]
-        w = [
-            0
-            if i >= j
-            else prefix[j] - prefix[i] - (a - us[i] if us[i] < a else 0) - (ue[j - 1] - b if ue[j - 1] > b else 0)
-            for a, b, i, j in zip(ss, se, ii, jj)
-        ]
+        coll = coll_idx[s]  # the step's time inside the union of the rank's collective spans
+        w = bd.within(*bd.union([start[i] for i in coll], [end[i] for i in coll]), ss, se)
         starts[r], ends[r], wait[r] = ss, se, w
         busy[r] = [b - a - x for a, b, x in zip(ss, se, w)]
     noise = [2 * anchor[s] for s in slots]
