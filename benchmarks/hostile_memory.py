@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from typing import Any
 
 CHILD = r"""
 import gc, json, os, resource, sys, time
@@ -60,8 +61,9 @@ print(json.dumps({"peak": status("VmHWM:") - before, "s": dt, "outcome": outcome
 BASE = 1_700_000_000_000_000_000
 
 
-def real_files(d: str, spans: int) -> dict[str, str]:
-    from gputrace.trace import chrome, perfetto
+def own_trace(spans: int) -> Any:
+    """One rank's trace as gputrace writes it: four CUDA streams of kernels at irregular times,
+    a step span on the host every 100 spans, args on one span in ten."""
     from gputrace.trace.model import Process, Trace, Track
 
     meta = {"gputrace_version": "bench", "rank": 0, "world_size": 1, "run_id": "bench"}
@@ -77,6 +79,14 @@ def real_files(d: str, spans: int) -> dict[str, str]:
             step += 1
         else:
             t.add_span(f"kernel_{k % 37}", tracks[k % 4], s, s + 400 + k % 97, {"bytes": k} if k % 10 == 0 else None)
+    return t
+
+
+def real_files(d: str, spans: int) -> dict[str, str]:
+    from gputrace.trace import chrome, perfetto
+
+    t = own_trace(spans)
+    meta = t.metadata
     out = {}
     for name, fmt in (("own.json", chrome), ("own.pftrace", perfetto)):
         out[name] = os.path.join(d, name)

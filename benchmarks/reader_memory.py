@@ -56,24 +56,14 @@ BASE = 1_700_000_000_000_000_000
 def make(d: str, events: int) -> dict[str, str]:
     sys.path.insert(0, ROOT)
     from gputrace.trace import chrome, perfetto
-    from gputrace.trace.model import Process, Trace, Track
 
     out = {"own.json": os.path.join(d, f"own-{events}.json"), "own.pftrace": os.path.join(d, f"own-{events}.pftrace")}
     if all(os.path.exists(p) for p in out.values()):
         return out
-    meta = {"gputrace_version": "bench", "rank": 0, "world_size": 1, "run_id": "bench"}
-    t = Trace(dict(meta))
-    p = t.add_process(Process(1, 0, "rank 0", 0, meta))
-    tracks = [t.add_track(Track(p, i + 1, f"cuda:0 stream {i}", "cuda", 0, i)) for i in range(4)]
-    host = t.add_track(Track(p, 9, "thread MainThread (host)", "cpu", None, 9))
-    step = 0
-    for k in range(events):
-        s = BASE + k * 1_000 + (k * 7919) % 333  # irregular times, as real ones are
-        if k % 100 == 0:
-            t.add_span("step", host, s, s + 99_000, {"step": step})
-            step += 1
-        else:
-            t.add_span(f"kernel_{k % 37}", tracks[k % 4], s, s + 400 + k % 97, {"bytes": k} if k % 10 == 0 else None)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hostile_memory import own_trace  # the same trace as the hostile-input benchmark's
+
+    t = own_trace(events)
     chrome.write(t, out["own.json"])
     perfetto.write(t, out["own.pftrace"])
     return out
