@@ -14,16 +14,32 @@ Why this shape:
   apart they are; an offset from a single anchor grows with the distance.
 - A reference event on an idle side stream runs at once even while the compute stream is busy,
   so anchoring blocks the host for a round trip (microseconds) and never drains the GPU.
+- An anchor's device time is exact; only its host time is uncertain (half its round trip). When
+  processes share a GPU, time-slicing can stretch a round trip to a millisecond or more, which
+  would put the spans near that anchor up to that far off (before their own host entry). Such an
+  anchor's host time is taken from the line through the good anchors before it, where that line
+  is clearly more certain there (`DeviceTimeline.add`): both resolve twins read the anchors.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 NS_PER_MS = 1_000_000
+
+# An anchor is trusted for its host time when its uncertainty is at most this many times the least
+# of the last TRUST_WINDOW trusted ones, or at most TRUSTED_NS (a few round trips on a busy VM).
+TRUST_FACTOR = 8
+TRUSTED_NS = 100_000
+TRUST_WINDOW = 64
+# Host ns per device ns by which the two clocks may differ (clock drift is ~1-50 ppm), used while
+# the trusted anchors span less than SLOPE_BASELINE_MS: their own measured slope is then noisier.
+DRIFT_BOUND = 1e-4
+SLOPE_BASELINE_MS = 1_000.0
 
 
 class HostClock:
@@ -70,6 +86,9 @@ class Anchor:
     event: Any
     host_ns: int
     uncertainty_ns: int
+    # Non-zero where the measured host time was too uncertain and was replaced by the line through
+    # the trusted anchors before it (`DeviceTimeline.add`): the measurement's own uncertainty.
+    measured_uncertainty_ns: int = 0
 
 
 def take_anchor(
@@ -118,14 +137,57 @@ class DeviceTimeline:
         self._elapsed = elapsed or _elapsed_method
         self.anchors: list[Anchor] = []
         self.segment_ms: list[float] = []  # segment_ms[k] = elapsed(anchor k-1, anchor k); [0] unused
+        self.device_ms: list[float] = []  # each anchor's device time after the first's (sums of segments)
+        self._trusted: list[int] = []  # the anchors whose measured host times are kept and trusted
 
     def add(self, anchor: Anchor) -> int:
+        """Append an anchor (its host time settled by `settle`); returns its index."""
+        k = len(self.anchors)
         if self.anchors:
-            self.segment_ms.append(self._elapsed(self.anchors[-1].event, anchor.event))
+            seg = self._elapsed(self.anchors[-1].event, anchor.event)
+            self.segment_ms.append(seg)
+            self.device_ms.append(self.device_ms[-1] + seg)
         else:
             self.segment_ms.append(0.0)
-        self.anchors.append(anchor)
-        return len(self.anchors) - 1
+            self.device_ms.append(0.0)
+        self.anchors.append(self.settle(k, anchor))
+        return k
+
+    def settle(self, k: int, anchor: Anchor) -> Anchor:
+        """Anchor k as the map should use it. A trusted one (its uncertainty near the least seen)
+        as measured. Otherwise its host time from the line through the trusted anchors before it,
+        where that line's own uncertainty there is under half the measurement's (the trusted
+        anchors are near), kept inside the measured round trip (the event ran within it); else
+        as measured, and not trusted as a reference for later ones."""
+        trusted = self._trusted
+        u = anchor.uncertainty_ns
+        if not trusted or u <= TRUSTED_NS or u <= self._trusted_ns():  # the first test settles nearly all
+            trusted.append(k)
+            return anchor
+        last = self.anchors[trusted[-1]]
+        gap_ns = (self.device_ms[k] - self.device_ms[trusted[-1]]) * NS_PER_MS
+        slope, slope_err = self._slope()
+        unc = last.uncertainty_ns + math.ceil(gap_ns * slope_err)
+        if not (gap_ns > 0 and 2 * unc <= anchor.uncertainty_ns):
+            return anchor  # no trusted anchor near enough: the measurement is the best there is
+        lo, hi = anchor.host_ns - anchor.uncertainty_ns, anchor.host_ns + anchor.uncertainty_ns
+        host = min(max(last.host_ns + round(gap_ns * slope), lo), hi)
+        return Anchor(anchor.event, host, unc, anchor.uncertainty_ns)
+
+    def _trusted_ns(self) -> int:
+        least = min(self.anchors[i].uncertainty_ns for i in self._trusted[-TRUST_WINDOW:])
+        return max(TRUST_FACTOR * least, TRUSTED_NS)
+
+    def _slope(self) -> tuple[float, float]:
+        """Host ns per device ns through the trusted anchors (the oldest of the recent window and
+        the newest), and the bound on its error; 1 and DRIFT_BOUND over a short baseline."""
+        first = self._trusted[max(0, len(self._trusted) - TRUST_WINDOW)]
+        last = self._trusted[-1]
+        base_ns = (self.device_ms[last] - self.device_ms[first]) * NS_PER_MS
+        if base_ns < SLOPE_BASELINE_MS * NS_PER_MS:
+            return 1.0, DRIFT_BOUND
+        a, b = self.anchors[first], self.anchors[last]
+        return (b.host_ns - a.host_ns) / base_ns, (a.uncertainty_ns + b.uncertainty_ns) / base_ns
 
     def locate(self, event: Any, first: int) -> tuple[int, float] | None:
         """(k, d): the first anchor k >= `first` with the event at or before it, and the event's
