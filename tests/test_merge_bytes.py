@@ -32,6 +32,9 @@ def rank_trace(rank: int, steps: int = 30, seed: int = 20) -> Trace:
         {"at_ns": BASE, "offset_ns": rank * 3_217, "error_ns": 40 + rank},
         {"at_ns": BASE + 2_000_000_000, "offset_ns": rank * 3_217 + 900 * rank, "error_ns": 50},
     ]
+    if rank:  # refined on the GPU: its CUDA streams go through a map of their own
+        syncs[0]["device"] = {"at_ns": BASE, "offset_ns": rank * 3_000, "error_ns": 5}
+        syncs[1]["device"] = {"at_ns": BASE + 2_000_000_000, "offset_ns": rank * 3_500, "error_ns": 5}
     meta: dict[str, Any] = {
         "gputrace_version": "test",
         "rank": rank,
@@ -100,7 +103,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Ranks of more spans than the writers put in one piece.
     (d / "big").mkdir()
     for r in range(2):
-        chrome.write(rank_trace(r, steps=2_000), str(d / "big" / f"trace_rank{r}.json"))
+        chrome.write(rank_trace(r, steps=6_000), str(d / "big" / f"trace_rank{r}.json"))
     return d
 
 
@@ -113,25 +116,25 @@ CASES: dict[str, dict[str, Any]] = {
 
 #: sha256 of each merged file: (input format, case, output format) -> digest.
 EXPECTED = {
-    ("json", "whole", "json"): "936e9621722b471ac018aea0aababdd0177ab20af49b04265cb97fa6b9bd1936",
-    ("json", "whole", "pftrace"): "2cab9511d03d3b3a875a804b739e91461ff53c0f9670ab8acbd9a0e97a9339c2",
-    ("json", "steps", "json"): "137ff408072b3a9c2b6aff3e549966c94ec6eadcdd76d1ba255b62538f27f7f7",
-    ("json", "steps", "pftrace"): "feba4a374a52dc4c75fc7881faef6339c9eb520124363c3facae1a17feb4548e",
-    ("json", "ranks and window", "json"): "94e5641b21fe0b3566f528a5546cc5b1a3daf494387ad2e3190d5639224def83",
-    ("json", "ranks and window", "pftrace"): "22572f52fccfedd3e274cb82dc5bfda73dd9d4bf9b36f6f7de1cbf624a381d48",
-    ("json", "align on", "json"): "cc4e08dd28b4350cc622a6f2861cbf1e09d8453e15b19b41b11ee408fdee0d7a",
-    ("json", "align on", "pftrace"): "4276dc561755f9b7dcce9710a5c8f786ca87bcc2f9ad666b0cb8a7861aed4035",
-    ("pftrace", "whole", "json"): "82bb12cbe178d511db5c511d517ecb8cb08c67ccece30a2faeca6861f0be5d15",
-    ("pftrace", "whole", "pftrace"): "79472be01a5626ec08937e21197c1019381bcc34465f9bab6b7f28e31a2252c8",
-    ("pftrace", "steps", "json"): "fa44063052a91ac2eac8598a8f3469eb030d716bd855db80efe37b24737cb0bc",
-    ("pftrace", "steps", "pftrace"): "38fe93e4248cb4babbbf1fd17cf68194a2715b41572ff75d197b0220309e367c",
-    ("pftrace", "ranks and window", "json"): "32d216a411515c484564864fe9e2e0a869db80cdf14f2ef74c64ab824abd8ee9",
-    ("pftrace", "ranks and window", "pftrace"): "42533906fb46081583f5f761f41d109a89be83776a4de31e061cbce89c9df334",
-    ("pftrace", "align on", "json"): "736b145276de34a7ad874f90dcc7ae46382cec50dd1411251d5aa45a0d7e888d",
-    ("big", "whole", "json"): "eaeb130463fc7e377a2c900a83e0505fb3db527c6fa703456365f44a5cc664f7",
-    ("big", "whole", "pftrace"): "c1da3a7e6c53591efe344df682305246edc4151c487404dfc1b813b3afa735e5",
-    ("big", "steps", "json"): "41828ebce0cbbe6aef3bc9575497575b8da3125f207f0edfeeb49e9bb7f6fd21",
-    ("pftrace", "align on", "pftrace"): "ad29c424f126d7cce3ebf28e6df4afcf36a529abcec3b6d152012f026870fcee",
+    ("json", "whole", "json"): "e019395b5c8298abd89c94b30f03b44d2cba35e466908d818cc03de3a0a0bf05",
+    ("json", "whole", "pftrace"): "a861278f9bf901e97d84bf53fe466dd331db0c902ae2aee3154aaf35e76fa97c",
+    ("json", "steps", "json"): "f25708cc9b7f1b44d2cc1f828dbf6dda624a129b5b0df6b40dfec2b22b47d75b",
+    ("json", "steps", "pftrace"): "6003e71ad694531261feed4195e27817111ac880559017294c59d985962c0aa9",
+    ("json", "ranks and window", "json"): "3649ad2873996369057e2a5600b4b4f01e26fba2a32758fd13cfc63e445d8912",
+    ("json", "ranks and window", "pftrace"): "d8331409f8c3e73dacb235211a4b8555dc0c0a22b48607b72b7e09293f8f2375",
+    ("json", "align on", "json"): "38521d171be75a0490ab0e3ba06426641ea552d1b5cc845a5fc1b811276340bd",
+    ("json", "align on", "pftrace"): "62422ed2f05ae5d2c3093b0afbd49434419cb431d4028619a800c2ca77cc9d97",
+    ("pftrace", "whole", "json"): "62cb5b343e2d19ee8d0de889cdae8ce285cbe72523226033725df48fb7796c01",
+    ("pftrace", "whole", "pftrace"): "498ca5d31e7879b59b7859f65b47ef09f129e18edb7c59ae3b6a1366c0853b1b",
+    ("pftrace", "steps", "json"): "e919f2a83c77a2740253427a915db5f52a3c671acc2def9aef973850640b05e9",
+    ("pftrace", "steps", "pftrace"): "f17985ae188e4d63356a0050f85032964ba844c8fa62e338f8d75ff7168b7184",
+    ("pftrace", "ranks and window", "json"): "202719687345c82b639c1464344271f459b08f8dc49f9b7a2d776b384a84bde2",
+    ("pftrace", "ranks and window", "pftrace"): "8c4f299fb09369ed0eccaac4e159683fe7cb9e678a96bd3ca659c0c0314ba68e",
+    ("pftrace", "align on", "json"): "68619053b4c3d757048e232435e624d6855b939562ac3f7c135a15f465e2d84d",
+    ("big", "whole", "json"): "f5fae965de41eaa6111ae14570cd72ac88399f47e75fe501a27361c9a2afdd0e",
+    ("big", "whole", "pftrace"): "69b611389e5017afd0e9a24b0102cb85184176899b1333748ac3cddfb807038d",
+    ("big", "steps", "json"): "fa5a33aa68dcbdc4bc7766433ac024b9ecc0adc1df6ca188c591ef4cb2c53b37",
+    ("pftrace", "align on", "pftrace"): "0b48ac8e7063d6da70ec3645ae0ab346e3d75541bdbc899df5d54cdc648311b7",
 }
 
 

@@ -40,7 +40,7 @@ import json
 import os
 import re
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -1249,17 +1249,18 @@ def complete_header(path: str) -> dict[str, Any] | None:
 
 class MergedWriter:
     """One merged trace written into `f` part by part: the header (`base_ns`, the merged
-    `metadata`, `world_size`) when made, each part's event lines (`encode_part`'s bytes) by
-    `write`, and the closing bracket by `close`."""
+    `metadata`, `world_size`) when made, each part's event lines (`iter_encode_part`'s pieces)
+    by `write`, and the closing bracket by `close`."""
 
     def __init__(self, f: BinaryIO, base_ns: int, metadata: dict[str, Any], world_size: int | None) -> None:
         self.f = f
         self.base_ns = base_ns
         f.write(header_bytes(base_ns, metadata, None, world_size))
 
-    def encoder(self) -> Callable[[Trace, set[int] | frozenset[int]], bytes]:
-        """`encode_part` on this file's time base, as a value a worker process can be handed."""
-        return functools.partial(encode_part, base_ns=self.base_ns)
+    def encoder(self) -> Callable[[Trace, set[int] | frozenset[int]], Iterable[bytes]]:
+        """`iter_encode_part` on this file's time base, as a value a worker process can be
+        handed: a part's event lines in pieces, each written as it is made (a worker joins them)."""
+        return functools.partial(iter_encode_part, base_ns=self.base_ns)
 
     def write(self, data: bytes) -> None:
         self.f.write(data)
@@ -1269,46 +1270,61 @@ class MergedWriter:
 
 
 def encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(), *, base_ns: int) -> bytes:
-    """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer:
-    each process with its own writer, its spans laid out once over all of them (`nested`:
-    processes known to nest on every track already, which are written as they are)."""
-    chunks: list[bytes] = []
-    pid_of = {i: q.pid for i, q in enumerate(part.processes)}
-    rows_of: dict[int, list[int]] = {i: [] for i in range(len(part.processes))}
-    if len(part.processes) == 1:
-        rows_of[0] = list(range(len(part.spans)))
-    else:
-        proc_of_track = [t.process for t in part.tracks]
-        for i, t in enumerate(part.spans.track):
-            rows_of[proc_of_track[t]].append(i)
+    """Event lines (each ending ",\\n") for every process of `part` (`iter_encode_part`'s pieces
+    joined)."""
+    return b"".join(iter_encode_part(part, nested, base_ns=base_ns))
+
+
+def iter_encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(), *, base_ns: int) -> Iterator[bytes]:
+    """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer,
+    in pieces of at most `PART_PIECE` spans: each process with its own writer, its spans laid
+    out once over all of them (`nested`: processes known to nest on every track already, which
+    are written as they are, in storage order: a range of rows, no per-span list)."""
     sp = part.spans
+    one = len(part.processes) == 1
+    rows_of: dict[int, list[int]] = {} if one else {i: [] for i in range(len(part.processes))}
+    if not one:
+        proc_of_track = [t.process for t in part.tracks]
+        for i, t in enumerate(sp.track):
+            rows_of[proc_of_track[t]].append(i)
     tid_of: dict[tuple[int, Any], int] = {}
     wanted = {(e["process"], e["tid"]) for e in part.extra if "tid" in e}
     for pi, q in enumerate(part.processes):
         w = ProcessWriter(q.pid, q)  # type: ignore[arg-type]
-        chunks.append(w.process_events())
-        rows = rows_of[pi]
+        yield w.process_events()
+        rows: Sequence[int] = range(len(sp)) if one else rows_of.pop(pi)
         layout = CheckedLayout(sp, rows, pi in nested)
         w.layout = layout  # type: ignore[assignment]
         if layout.fallback is not None:
             # The Chrome writer's layout judges nesting across pieces when they come in the
             # order spans ended (children before their parents).
+            rows = list(rows)
             rows.sort(key=sp.start.__getitem__, reverse=True)
             rows.sort(key=sp.end.__getitem__)
-        for k in range(0, len(rows), 65536):
-            encode_spans(part, rows[k : k + 65536], w, base_ns, chunks)
+        for k in range(0, len(rows), PART_PIECE):
+            chunks: list[bytes] = []
+            encode_spans(part, rows[k : k + PART_PIECE], w, base_ns, chunks)
+            yield b"".join(chunks)
+        del rows
+        meta: list[bytes] = []
         for ti, track in enumerate(part.tracks):
             if track.process == pi and (pi, track.tid) in wanted:
-                meta: list[bytes] = []
                 tid_of[(pi, track.tid)] = w.tid(part, ti, 0, meta)
-                chunks.extend(meta)
+        if meta:
+            yield b"".join(meta)
     # Other tools' instants and flows point at threads by tid: give them the tids written.
     for e in part.extra:
         if "tid" in e:
             e["tid"] = tid_of.get((e["process"], e["tid"]), e["tid"])
+    pid_of = {i: q.pid for i, q in enumerate(part.processes)}
+    chunks = []
     encode_counters(part, range(len(part.counters)), pid_of, base_ns, chunks)  # type: ignore[arg-type]
     encode_extra(part, pid_of, base_ns, chunks)  # type: ignore[arg-type]
-    return b"".join(chunks)
+    yield b"".join(chunks)
+
+
+#: Spans a piece of a merged part holds (its lines are written before the next are made).
+PART_PIECE = 65536
 
 
 class CheckedLayout:
@@ -1316,7 +1332,7 @@ class CheckedLayout:
     maps): all on lane 0, after one check over the whole process; if any two cross, the Chrome
     writer's own layout decides."""
 
-    def __init__(self, sp: Any, rows: list[int], known: bool = False) -> None:
+    def __init__(self, sp: Any, rows: Sequence[int], known: bool = False) -> None:
         self.fallback: Layout | None = None if known or nests(sp, rows) else Layout()
 
     def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
@@ -1328,7 +1344,7 @@ class CheckedLayout:
         return self.fallback.lanes_used(track) if self.fallback is not None else 1
 
 
-def nests(sp: Any, rows: list[int]) -> bool:
+def nests(sp: Any, rows: Sequence[int]) -> bool:
     """Do the spans `rows` nest on each track the way Perfetto reads them (sorted by start, the
     longest first at equal starts; [start, end))?"""
     order = list(rows)
