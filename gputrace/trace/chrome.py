@@ -1304,7 +1304,8 @@ def iter_encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(
         for k in range(0, len(rows), PART_PIECE):
             chunks: list[bytes] = []
             encode_spans(part, rows[k : k + PART_PIECE], w, base_ns, chunks)
-            yield b"".join(chunks)
+            yield from chunks
+            del chunks
         del rows
         meta: list[bytes] = []
         for ti, track in enumerate(part.tracks):
@@ -1323,7 +1324,9 @@ def iter_encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(
     yield b"".join(chunks)
 
 
-#: Spans a piece of a merged part holds (its lines are written before the next are made).
+#: Spans a piece of a merged part holds (its lines are written before the next are made). A
+#: track's description goes out with the first piece that holds one of its spans, so this size
+#: is part of the merged file's bytes.
 PART_PIECE = 65536
 
 
