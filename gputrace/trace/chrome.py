@@ -39,6 +39,7 @@ import io
 import json
 import os
 import re
+import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -1227,6 +1228,169 @@ def _copy(src: BinaryIO, dst: BinaryIO, block: int = 16 << 20) -> None:
         cut = data.rfind(b"\n")
         dst.write(data[: cut + 1])
         tail = data[cut + 1 :]
+
+
+# ---- following a stream -------------------------------------------------------------------------
+
+_TAIL_NAME = re.compile(rb'"name":"((?:[^"\\]|\\.)*)"')
+_TAIL_BASE = re.compile(rb'"baseTimeNanoseconds":\s*(\d+)')
+_TAIL_KINDS = 4096
+
+
+class StreamTail:
+    """A streamed trace (`StreamWriter`'s file: one event a line, appended flush by flush, and
+    rewritten whole once when the rank finishes) read as it grows: each `read` parses only the
+    lines the file gained since the last (from the byte where it stopped; a rewritten file again
+    from its start, after `restart`), holding one piece of `read_bytes` at a time.
+
+    A subclass says which spans it wants and takes them: `select(raw_name, marked)` (the span's
+    name as the file writes it, between its quotes; `marked`: its `"collective"` argument, None
+    without one) gives a kind, 0 for a span not wanted, which is then not parsed at all (most
+    lines of a long run), the same kind for the same arguments (it is asked once a name);
+    `span(kind, start, end)` takes each wanted span, in file order, times
+    in ns after the file's base (`base_ns`, once its header was read); `restart()` is told the
+    file was rewritten. A file longer than `tail_bytes` at the first read has its spans named
+    `counted` before its last `tail_bytes` counted by byte search, not parsed (`skipped(n)`).
+    `finished`: the file holds its closing line; `size` and `grew_at` (monotonic s): when it
+    was last seen to change size."""
+
+    def __init__(
+        self, path: str, counted: str | None = None, tail_bytes: int = 64 << 20, read_bytes: int = 8 << 20
+    ) -> None:
+        self.path = path
+        self.counted = counted
+        self.tail_bytes = tail_bytes
+        self.read_bytes = read_bytes
+        self._selected: dict[tuple[bytes, bool | None], int] = {}  # what `select` said of a name
+        self._reset(None)
+
+    def _reset(self, ino: int | None) -> None:
+        self.ino = ino
+        self.offset = 0
+        self.partial = b""
+        self.base_ns: int | None = None
+        self.finished = False
+        self.grew_at = time.monotonic()
+        self.size = 0
+
+    # ---- what a subclass says -----------------------------------------------------------------
+
+    def select(self, raw_name: bytes, marked: bool | None) -> int:
+        return 0
+
+    def span(self, kind: int, start: int, end: int) -> None:
+        pass
+
+    def restart(self) -> None:
+        pass
+
+    def skipped(self, count: int) -> None:
+        pass
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def read(self) -> None:
+        """What the file gained since the last read (all of it, if it was rewritten)."""
+        try:
+            f = open(self.path, "rb")
+        except OSError:
+            return
+        with f:
+            st = os.fstat(f.fileno())
+            if self.ino is None:
+                self.ino = st.st_ino
+            elif st.st_ino != self.ino or st.st_size < self.offset:
+                self._reset(st.st_ino)  # rewritten (the rank finished, or started again)
+                self.restart()
+            if st.st_size != self.size:
+                self.size = st.st_size
+                self.grew_at = time.monotonic()
+            if self.offset == 0 and st.st_size > self.tail_bytes:
+                self._skip(f, st.st_size - self.tail_bytes)
+            f.seek(self.offset)
+            while True:
+                piece = f.read(self.read_bytes)
+                if not piece:
+                    break
+                self.offset += len(piece)
+                data = self.partial + piece
+                cut = data.rfind(b"\n") + 1
+                self.partial = data[cut:]
+                self._lines(data[:cut])
+            if self.partial.strip() in (b"]}", b"]"):  # the finished file's last line has no newline
+                self.finished = True
+
+    def _skip(self, f: Any, to: int) -> None:
+        """Count the `counted` spans in the file's first `to` bytes (to the end of the line there)
+        and go on from that line: no line before is parsed. The needle is how the stream writes a
+        span's name, followed by its pid."""
+        first = f.readline()
+        self._lines(first)  # the header: base time, the finished form
+        f.seek(to)
+        f.readline()
+        end = f.tell()
+        needle = b',"name":' + orjson.dumps(self.counted) + b',"pid":'
+        f.seek(0)
+        done, carry, count = 0, b"", 0
+        while done < end:
+            piece = f.read(min(self.read_bytes, end - done))
+            if not piece:
+                break
+            done += len(piece)
+            data = carry + piece
+            count += data.count(needle)  # the carry is shorter than the needle: none counted twice
+            carry = data[-(len(needle) - 1) :]
+        self.skipped(count)
+        self.offset = end
+
+    def _lines(self, data: bytes) -> None:
+        kinds, span = self._selected, self.span
+        for line in data.splitlines():
+            line = line.strip()
+            if line.startswith(b"["):
+                line = line[1:]
+            if line.endswith(b","):
+                line = line[:-1]
+            if not line:
+                continue
+            if line in (b"]}", b"]"):
+                self.finished = True
+                continue
+            if line.startswith(b'{"baseTimeNanoseconds"'):  # the finished file's header line
+                self._header(line)
+                continue
+            if b'"ph":"X"' not in line:
+                if self.base_ns is None and b'"baseTimeNanoseconds"' in line:
+                    self._header(line)
+                continue
+            m = _TAIL_NAME.search(line)
+            if m is None:
+                continue
+            marked = True if b'"collective":true' in line else False if b'"collective":false' in line else None
+            # Most spans are not wanted: told apart without parsing them, by a name's kind asked
+            # once (kept for up to `_TAIL_KINDS` names: names made per step must not grow this).
+            key = (m.group(1), marked)
+            kind = kinds.get(key)
+            if kind is None:
+                if len(kinds) >= _TAIL_KINDS:
+                    kinds.clear()
+                kind = kinds[key] = self.select(*key)
+            if not kind:
+                continue
+            try:
+                ev = orjson.loads(line)
+                start = round(float(ev["ts"]) * 1000)
+                end = start + round(float(ev.get("dur", 0)) * 1000)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a line cut short by a kill: the readers drop it too
+            span(kind, start, end)
+
+    def _header(self, line: bytes) -> None:
+        m = _TAIL_BASE.search(line)
+        if m:
+            self.base_ns = int(m.group(1))
+        if line.startswith(b'{"baseTimeNanoseconds"'):
+            self.finished = False  # events follow; `]}` ends them
 
 
 # ---- merged files, part by part -----------------------------------------------------------------
