@@ -197,6 +197,8 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
         else:
             for r, key in zip(rows, keys):
                 g[key].append(r)
+    # The pieces' rows and lanes are the groups' now: let them go before the events are made.
+    del plan, pieces
     out: list[bytes] = []
     for w, g in groups.items():
         for key, rows in g.items():
