@@ -1246,7 +1246,8 @@ class StreamTail:
     A subclass says which spans it wants and takes them: `select(raw_name, marked)` (the span's
     name as the file writes it, between its quotes; `marked`: its `"collective"` argument, None
     without one) gives a kind, 0 for a span not wanted, which is then not parsed at all (most
-    lines of a long run), the same kind for the same arguments (it is asked once a name);
+    lines of a long run), the same kind for the same arguments (it is asked once a name, for
+    each marking);
     `span(kind, start, end)` takes each wanted span, in file order, times
     in ns after the file's base (`base_ns`, once its header was read); `restart()` is told the
     file was rewritten. A file longer than `tail_bytes` at the first read has its spans named
@@ -1261,7 +1262,7 @@ class StreamTail:
         self.counted = counted
         self.tail_bytes = tail_bytes
         self.read_bytes = read_bytes
-        self._selected: dict[tuple[bytes, bool | None], int] = {}  # what `select` said of a name
+        self._selected: dict[bytes, tuple[int, int, int]] = {}  # what `select` said of a name
         self._reset(None)
 
     def _reset(self, ino: int | None) -> None:
@@ -1366,15 +1367,16 @@ class StreamTail:
             m = _TAIL_NAME.search(line)
             if m is None:
                 continue
-            marked = True if b'"collective":true' in line else False if b'"collective":false' in line else None
-            # Most spans are not wanted: told apart without parsing them, by a name's kind asked
-            # once (kept for up to `_TAIL_KINDS` names: names made per step must not grow this).
-            key = (m.group(1), marked)
-            kind = kinds.get(key)
-            if kind is None:
+            # Most spans are not wanted: told apart without parsing them, by what `select` said
+            # of the name once, unmarked, marked collective and marked not (kept for up to
+            # `_TAIL_KINDS` names: names made per step must not grow this).
+            raw = m.group(1)
+            said = kinds.get(raw)
+            if said is None:
                 if len(kinds) >= _TAIL_KINDS:
                     kinds.clear()
-                kind = kinds[key] = self.select(*key)
+                said = kinds[raw] = (self.select(raw, None), self.select(raw, True), self.select(raw, False))
+            kind = said[1 if b'"collective":true' in line else 2 if b'"collective":false' in line else 0]
             if not kind:
                 continue
             try:
