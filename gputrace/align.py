@@ -35,6 +35,10 @@ class Sync:
     error_ns: int
 
 
+#: Values `ClockMap.column` maps through a Python list at a time.
+COLUMN_SLICE = 65536
+
+
 @dataclasses.dataclass(frozen=True)
 class ClockMap:
     """t -> t + offset(t), the offset interpolated linearly between knots (at_ns, offset_ns) and
@@ -81,11 +85,18 @@ class ClockMap:
         if self.constant:
             return array("q", map(self.knots[0][1].__add__, values))
         k = self.knots
+        out = array("q")
+        # A slice at a time: a list of Python ints for a whole column of millions would cost
+        # ~40 bytes a value beside the 8 of the array.
         if len(k) == 2:
             (a, o), (a1, o1) = k
             slope = (o1 - o) / (a1 - a)
-            return array("q", [t + o + round(slope * (t - a)) for t in values])
-        return array("q", [self(t) for t in values])
+            for lo in range(0, len(values), COLUMN_SLICE):
+                out.extend(array("q", [t + o + round(slope * (t - a)) for t in values[lo : lo + COLUMN_SLICE]]))
+            return out
+        for lo in range(0, len(values), COLUMN_SLICE):
+            out.extend(array("q", [self(t) for t in values[lo : lo + COLUMN_SLICE]]))
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,16 +31,22 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+from gputrace import merge
 from gputrace.trace import chrome, perfetto
 from gputrace.validate import validate_file
 op, path = sys.argv[1], sys.argv[2]
-read = {"chrome": chrome.read, "perfetto": perfetto.read, "validate": validate_file}[op]
+def merged(path):
+    out = path + ".merged" + path[path.rindex("."):]
+    merge.merge([path], out, workers=1)
+    return out
+read = {"chrome": chrome.read, "perfetto": perfetto.read, "validate": validate_file, "merge": merged}[op]
 before = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM from here
 out = read(path)
-n = len(out.spans) if op != "validate" else out.spans
-print(json.dumps({"peak": status("VmHWM:") - before, "n": n}))
+peak = status("VmHWM:") - before
+n = len(out.spans) if op in ("chrome", "perfetto") else out.spans if op == "validate" else len(chrome.read(out).spans)
+print(json.dumps({"peak": peak, "n": n}))
 """
 
 
@@ -79,7 +85,15 @@ def peak(op: str, path: Path) -> tuple[int, int]:
     return got["peak"], got["n"]
 
 
-@pytest.mark.parametrize("op, fmt", [("chrome", "chrome"), ("validate", "chrome"), ("perfetto", "perfetto")])
+@pytest.mark.parametrize(
+    "op, fmt",
+    [
+        ("chrome", "chrome"),
+        ("validate", "chrome"),
+        ("perfetto", "perfetto"),
+        ("validate", "perfetto"),
+    ],
+)
 def test_a_read_holds_columns_not_the_file_parsed(files: dict[str, Path], op: str, fmt: str) -> None:
     path = files[fmt]
     size = path.stat().st_size
@@ -89,6 +103,22 @@ def test_a_read_holds_columns_not_the_file_parsed(files: dict[str, Path], op: st
     # A whole-file parse holds ~1 KB an event (200 MB here): this fails by far if one comes back.
     assert held <= bound, (
         f"{op} of {size / 1e6:.1f} MB ({EVENTS:,} events) held {held / 1e6:.1f} MB > {bound / 1e6:.1f} MB"
+    )
+
+
+def test_a_merge_holds_about_one_ranks_columns(tmp_path: Path) -> None:
+    """Merging a rank holds its columns and one piece of its encoded lines, not a copy of the
+    columns and the whole output (3.4 times the file before). A larger rank than above, so the
+    piece (a fixed cost) does not hide what grows with the events."""
+    events = 3 * EVENTS
+    path = tmp_path / "big.json"
+    chrome.write(big_trace(events), str(path))
+    size = path.stat().st_size
+    held, n = peak("merge", path)
+    assert n == events
+    bound = max(PER_SIZE * size, PER_EVENT * events) + BATCH
+    assert held <= bound, (
+        f"merge of {size / 1e6:.1f} MB ({events:,} events) held {held / 1e6:.1f} MB > {bound / 1e6:.1f} MB"
     )
 
 

@@ -4,7 +4,8 @@ Takes: the directory the ranks stream into (`trace_rank{R}.json`, appended flush
 `gputrace.trace.chrome.StreamWriter` writes it, one event a line, and rewritten once when the
 rank finishes; `open_rank{R}.open`, where each rank is now, as `gputrace.live` writes it).
 Gives: `Follower`, which on each look reads only what each file gained since the last (from the
-byte where it stopped; a file rewritten, by its finish, is read again from its start) and keeps
+byte where it stopped; a file rewritten, by its finish, is read again from its start: the JSON
+format's tail reader, `gputrace.trace.chrome.StreamTail`, reads and parses the lines) and keeps
 per rank the last `window` step spans and the collective spans that meet them; `snapshot()`,
 the page's document (the rank x step heatmap of busy time over that window, the slowest rank of
 each step by the summary's rule, each rank's state, and the open files' verdict with the ranks
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import re
 import threading
 import time
 from bisect import bisect_left, bisect_right
@@ -38,6 +38,7 @@ import orjson
 
 from gputrace.errors import GputraceError
 from gputrace.stats import MARGIN_PCT, WAIT_NAMES
+from gputrace.trace import chrome
 
 from . import server
 
@@ -53,152 +54,54 @@ COLLS_PER_STEP = 64
 TAIL_BYTES = 64 << 20
 #: A file that has not grown for this long is said to have stopped (a rank hung, or killed).
 STALE_S = 10.0
-_NAME = re.compile(rb'"name":"((?:[^"\\]|\\.)*)"')
-_NAMES = 4096
-_BASE = re.compile(rb'"baseTimeNanoseconds":\s*(\d+)')
 
 
-class RankTail:
-    """One rank's streamed trace, read as it grows."""
+class RankTail(chrome.StreamTail):
+    """One rank's streamed trace, read as it grows (`chrome.StreamTail` reads the file): its
+    step spans and the collective spans that meet the window's steps."""
 
     def __init__(self, path: str, rank: int, window: int, step_name: str) -> None:
-        self.path = path
+        super().__init__(path, step_name, TAIL_BYTES, READ_BYTES)
         self.rank = rank
         self.step_name = step_name
         self.window = window
-        self._kinds: dict[bytes, int] = {}
-        self.offset = 0
-        self.ino: int | None = None
-        self.partial = b""
-        self.base_ns: int | None = None
         self.steps: deque[tuple[int, int]] = deque(maxlen=window)  # (start, end) ns from the base
         self.count = 0  # step spans seen: the ordinal of the next
         self.colls: deque[tuple[int, int]] = deque(maxlen=window * COLLS_PER_STEP)
-        self.finished = False
-        self.grew_at = time.monotonic()
-        self.size = 0
 
-    def _restart(self, ino: int) -> None:
-        self.__init__(self.path, self.rank, self.window, self.step_name)  # type: ignore[misc]
-        self.ino = ino
+    def restart(self) -> None:
+        self.steps.clear()
+        self.count = 0
+        self.colls.clear()
 
-    def read(self) -> None:
-        """What the file gained since the last read (all of it, if it was rewritten)."""
-        try:
-            f = open(self.path, "rb")
-        except OSError:
-            return
-        with f:
-            st = os.fstat(f.fileno())
-            if self.ino is None:
-                self.ino = st.st_ino
-            elif st.st_ino != self.ino or st.st_size < self.offset:
-                self._restart(st.st_ino)  # rewritten (the rank finished, or started again)
-            if st.st_size != self.size:
-                self.size = st.st_size
-                self.grew_at = time.monotonic()
-            if self.offset == 0 and st.st_size > TAIL_BYTES:
-                self._skip(f, st.st_size - TAIL_BYTES)
-            f.seek(self.offset)
-            while True:
-                piece = f.read(READ_BYTES)
-                if not piece:
-                    break
-                self.offset += len(piece)
-                data = self.partial + piece
-                cut = data.rfind(b"\n") + 1
-                self.partial = data[cut:]
-                self._lines(data[:cut])
-            if self.partial.strip() in (b"]}", b"]"):  # the finished file's last line has no newline
-                self.finished = True
-
-    def _skip(self, f: Any, to: int) -> None:
-        """Count the step spans in the file's first `to` bytes (to the end of the line there) and
-        go on from that line: the steps' ordinals stay right, no line before is parsed. The
-        needle is how the stream writes a span's name, followed by its pid."""
-        first = f.readline()
-        self._lines(first)  # the header: base time, the finished form
-        f.seek(to)
-        f.readline()
-        end = f.tell()
-        needle = b',"name":' + orjson.dumps(self.step_name) + b',"pid":'
-        f.seek(0)
-        done, carry, count = 0, b"", 0
-        while done < end:
-            piece = f.read(min(READ_BYTES, end - done))
-            if not piece:
-                break
-            done += len(piece)
-            data = carry + piece
-            count += data.count(needle)  # the carry is shorter than the needle: none counted twice
-            carry = data[-(len(needle) - 1) :]
+    def skipped(self, count: int) -> None:
         self.count = count
-        self.offset = end
 
-    def _lines(self, data: bytes) -> None:
-        for line in data.splitlines():
-            line = line.strip()
-            if line.startswith(b"["):
-                line = line[1:]
-            if line.endswith(b","):
-                line = line[:-1]
-            if not line:
-                continue
-            if line in (b"]}", b"]"):
-                self.finished = True
-                continue
-            if line.startswith(b'{"baseTimeNanoseconds"'):  # the finished file's header line
-                self._header(line)
-                continue
-            if b'"ph":"X"' not in line:
-                if self.base_ns is None and b'"baseTimeNanoseconds"' in line:
-                    self._header(line)
-                continue
-            m = _NAME.search(line)
-            if m is None:
-                continue
-            kind = self._kinds.get(m.group(1))
-            if kind is None:
-                kind = self._kind(m.group(1))
-            marked = True if b'"collective":true' in line else False if b'"collective":false' in line else None
-            # Most spans are neither the step nor a collective: told apart without parsing them.
-            if not (kind == 1 or (marked if marked is not None else kind == 2)):
-                continue
-            try:
-                ev = orjson.loads(line)
-                start = round(float(ev["ts"]) * 1000)
-                end = start + round(float(ev.get("dur", 0)) * 1000)
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a line cut short by a kill: the readers drop it too
-            if kind == 1:
-                self.steps.append((start, end))
-                self.count += 1
-                old = self.steps[0][0]
-                colls = self.colls
-                while colls and colls[0][1] < old:
-                    colls.popleft()
-            else:
-                self.colls.append((start, end))
+    def select(self, raw_name: bytes, marked: bool | None) -> int:
+        """1: a step span; 2: a collective (marked so, or named like one where unmarked)."""
+        kind = self._kind(raw_name)
+        if kind == 1:
+            return 1
+        return 2 if (marked if marked is not None else kind == 2) else 0
+
+    def span(self, kind: int, start: int, end: int) -> None:
+        if kind == 1:
+            self.steps.append((start, end))
+            self.count += 1
+            old = self.steps[0][0]
+            colls = self.colls
+            while colls and colls[0][1] < old:
+                colls.popleft()
+        else:
+            self.colls.append((start, end))
 
     def _kind(self, raw: bytes) -> int:
-        """1: the step span's name; 2: named like a collective; 0: neither (names kept up to
-        `_NAMES`, then forgotten: names made per step must not grow this without bound)."""
+        """1: the step span's name; 2: named like a collective; 0: neither."""
         try:
             name = orjson.loads(b'"' + raw + b'"')
         except orjson.JSONDecodeError:
             return 0
-        kind = 1 if name == self.step_name else 2 if WAIT_NAMES.search(name) else 0
-        if len(self._kinds) > _NAMES:
-            self._kinds.clear()
-        self._kinds[raw] = kind
-        return kind
-
-    def _header(self, line: bytes) -> None:
-        m = _BASE.search(line)
-        if m:
-            self.base_ns = int(m.group(1))
-        if line.startswith(b'{"baseTimeNanoseconds"'):
-            self.finished = False  # events follow; `]}` ends them
+        return 1 if name == self.step_name else 2 if WAIT_NAMES.search(name) else 0
 
     def busy(self) -> tuple[list[int], list[int]]:
         """Per step of the window: its busy time (less its time in collectives), its length."""

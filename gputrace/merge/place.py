@@ -184,10 +184,19 @@ class Taken:
     cut: list[str] = dataclasses.field(default_factory=list)  # files read only up to where they were cut
 
 
-def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int, tuple[int, int] | None]) -> Taken:
+def take(
+    out: Trace,
+    src: Source,
+    trace: Trace,
+    ctx: Context,
+    windows: dict[int, tuple[int, int] | None],
+    consume: bool = False,
+) -> Taken:
     """Append `trace` (the file `src`) to `out`: its kept processes, tracks and spans, times
     mapped onto the merged timeline and selected. `windows` carries each rank's step window
-    from its own file to the other tools' files of that rank (filled in as ranks are taken)."""
+    from its own file to the other tools' files of that rank (filled in as ranks are taken).
+    `consume`: the caller drops `trace` afterwards, so its columns may become `out`'s where
+    `out` has no spans yet (moved, not copied: a rank's columns are its largest part)."""
     sel = ctx.selection
     keep_ranks = ctx.keep_ranks
     res = Taken()
@@ -281,20 +290,27 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
     if rows is None:
         # Ranks of one program intern their names in the same order: then no remapping at all.
         same_names = remap == list(range(len(remap)))
-        o.name.extend(
+        names_col = (
             sp.name if same_names and isinstance(sp.name, array) else array("l", map(remap.__getitem__, sp.name))
         )
         first = track_map[0] if len(track_map) else 0
         same_tracks = first == 0 and list(track_map) == list(range(len(track_map)))
-        o.track.extend(
+        tracks_col = (
             sp.track
             if same_tracks and isinstance(sp.track, array)
             else array("l", map(track_map.__getitem__, sp.track))
         )
-        o.start.extend(starts)
-        o.end.extend(ends)
-        o.args.extend(sp.args if isinstance(sp.args, list) else [sp.args[i] for i in range(n)])
-        o.cat.extend(sp.cat if type(sp.cat) is list else [sp.cat[i] for i in range(n)])
+        if consume and before == 0 and _movable(o, names_col, tracks_col, starts, ends, sp):
+            o.name, o.track, o.start, o.end = names_col, tracks_col, starts, ends
+            o.args, o.cat = sp.args, sp.cat
+        else:
+            o.name.extend(names_col)
+            o.track.extend(tracks_col)
+            o.start.extend(starts)
+            o.end.extend(ends)
+            o.args.extend(sp.args if isinstance(sp.args, list) else [sp.args[i] for i in range(n)])
+            o.cat.extend(sp.cat if type(sp.cat) is list else [sp.cat[i] for i in range(n)])
+        del names_col, tracks_col
         res.spans = n
     else:
         names, tracks, args, cats = sp.name, sp.track, sp.args, sp.cat
@@ -314,6 +330,17 @@ def take(out: Trace, src: Source, trace: Trace, ctx: Context, windows: dict[int,
 _IDENTITY = al.ClockMap()
 
 
+def _movable(o: SpanColumns, *columns: Any) -> bool:
+    """Can these columns become `o`'s as they are: arrays of `o`'s own typecodes, and `sp`'s
+    args and cat plain lists (what `o` extends later)?"""
+    *arrays, sp = columns
+    same = all(
+        isinstance(c, array) and c.typecode == mine.typecode
+        for c, mine in zip(arrays, (o.name, o.track, o.start, o.end))
+    )
+    return same and type(sp.args) is list and type(sp.cat) is list
+
+
 def take_entry(
     o: SpanColumns, before: int, sp: SpanColumns, rows: Sequence[int] | None, fns: Sequence[al.ClockMap | None]
 ) -> None:
@@ -330,17 +357,20 @@ def take_entry(
         return
     picked = range(len(sp)) if rows is None else rows
     entry, track = sp.entry, sp.track
-    moved = array("q", bytes(8 * n))
-    by_fn: dict[int, tuple[al.ClockMap, list[int]]] = {}
-    for k, i in enumerate(picked):
-        if entry[i] > 0:
-            f = fns[track[i]] or _IDENTITY
-            by_fn.setdefault(id(f), (f, []))[1].append(k)
-    for f, ks in by_fn.values():
-        values = [entry[picked[k]] for k in ks]
-        for k, v in zip(ks, f.column(values) if f.knots else values):
-            moved[k] = v
-    o.entry.extend(moved)
+    # A slice of rows at a time: the per-row lists stay small whatever the rank's size.
+    for lo in range(0, n, al.COLUMN_SLICE):
+        part = picked[lo : lo + al.COLUMN_SLICE]
+        moved = array("q", bytes(8 * len(part)))
+        by_fn: dict[int, tuple[al.ClockMap, list[int]]] = {}
+        for k, i in enumerate(part):
+            if entry[i] > 0:
+                f = fns[track[i]] or _IDENTITY
+                by_fn.setdefault(id(f), (f, []))[1].append(k)
+        for f, ks in by_fn.values():
+            values = [entry[part[k]] for k in ks]
+            for k, v in zip(ks, f.column(values) if f.knots else values):
+                moved[k] = v
+        o.entry.extend(moved)
 
 
 def _map_columns(
@@ -356,20 +386,22 @@ def _map_columns(
         return only.column(start), only.column(end)
     # Tracks that go through different maps (a rank's device spans, another rank's process):
     # each group of rows through its own map, in one pass per map.
+    # A slice of rows at a time, so the per-row lists stay small whatever the rank's size.
     s_out, e_out = array("q", start), array("q", end)
-    groups: dict[int, list[int]] = {}
     fid = [id(f) if f is not None else 0 for f in fns]
-    for i, t in enumerate(track):
-        groups.setdefault(fid[t], []).append(i)
-    for key, idx in groups.items():
-        f = used.get(key)
-        if f is None or not f.knots:
-            continue
-        ms = f.column([start[i] for i in idx])
-        me = f.column([end[i] for i in idx])
-        for k, i in enumerate(idx):
-            s_out[i] = ms[k]
-            e_out[i] = me[k]
+    for lo in range(0, len(track), al.COLUMN_SLICE):
+        groups: dict[int, list[int]] = {}
+        for i in range(lo, min(lo + al.COLUMN_SLICE, len(track))):
+            groups.setdefault(fid[track[i]], []).append(i)
+        for key, idx in groups.items():
+            f = used.get(key)
+            if f is None or not f.knots:
+                continue
+            ms = f.column([start[i] for i in idx])
+            me = f.column([end[i] for i in idx])
+            for k, i in enumerate(idx):
+                s_out[i] = ms[k]
+                e_out[i] = me[k]
     return s_out, e_out
 
 

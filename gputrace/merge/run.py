@@ -43,8 +43,9 @@ from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Trace
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
-#: A part's event lines, encoded by the output format (`MergedWriter.encoder()`; picklable).
-Encode = Callable[[Trace, "set[int] | frozenset[int]"], bytes]
+#: A part's event lines, encoded by the output format (`MergedWriter.encoder()`; picklable): its
+#: bytes, or its pieces as they are made (written one by one here; joined in a worker).
+Encode = Callable[[Trace, "set[int] | frozenset[int]"], "bytes | Iterable[bytes]"]
 
 #: A worker's task holds whole ranks adding up to at least this much input (many small ranks
 #: in one task: each task costs a few ms of pickling and bookkeeping).
@@ -126,18 +127,34 @@ def run_batch(
     chunks: list[bytes] = []
     results: list[Taken] = []
     for group in batch:
-        windows: dict[int, tuple[int, int] | None] = {}  # a rank's step windows, for its other files
-        taken = []
-        for s in group:
-            trace = read_source(s)
-            s.trace = None
-            taken.append(take(part, s, trace, ctx, windows))
-            del trace
+        taken = take_group(group, ctx, part)
         results += taken
         if encode is not None:
-            chunks.append(encode(part, {p for r in taken for p in r.nested}))
+            data = encode(part, {p for r in taken for p in r.nested})
+            chunks.append(data if isinstance(data, bytes) else b"".join(data))
             part = Trace()
     return (b"".join(chunks) if encode is not None else part), results
+
+
+def take_group(group: list[Source], ctx: Context, part: Trace) -> list[Taken]:
+    """One group's files read and taken into `part`, each file's trace dropped once taken (its
+    columns move into an empty `part` rather than being copied)."""
+    windows: dict[int, tuple[int, int] | None] = {}  # a rank's step windows, for its other files
+    taken = []
+    for s in group:
+        trace = read_source(s)
+        s.trace = None
+        taken.append(take(part, s, trace, ctx, windows, consume=True))
+        del trace
+    return taken
+
+
+def _encoded_here(group: list[Source], ctx: Context, encode: Encode) -> tuple[bytes | Iterable[bytes], list[Taken]]:
+    """One group taken in this process, its event lines as pieces made while they are written
+    (memory: the group's trace and one piece)."""
+    part = Trace()
+    taken = take_group(group, ctx, part)
+    return encode(part, {p for r in taken for p in r.nested}), taken
 
 
 def _task(task: tuple[list[list[Source]], Context, Encode | None]) -> tuple[Any, list[Taken]]:
@@ -172,7 +189,7 @@ def run_groups(
         for i, g in enumerate(all_groups):
             if progress:
                 progress(_group_label(g), i, len(all_groups))
-            yield run_batch([g], job.context, out, encode)
+            yield run_batch([g], job.context, out, None) if encode is None else _encoded_here(g, job.context, encode)
             since += sizes[i]
             if encode is not None and since >= RELEASE_BYTES:
                 release_memory()
@@ -365,7 +382,8 @@ def _merge_by_part(
     with atomic_writer(out) as f:
         w = writer(f, job.start, header, meta["world_size"])
         for data, results in run_groups(job, None, w.encoder(), n_workers, progress):
-            w.write(data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                w.write(piece)
             del data
             tally.add(results)
         late = tally.notes(sel)  # raises before the file is published when a selection found nothing

@@ -39,8 +39,9 @@ import io
 import json
 import os
 import re
+import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -1229,6 +1230,171 @@ def _copy(src: BinaryIO, dst: BinaryIO, block: int = 16 << 20) -> None:
         tail = data[cut + 1 :]
 
 
+# ---- following a stream -------------------------------------------------------------------------
+
+_TAIL_NAME = re.compile(rb'"name":"((?:[^"\\]|\\.)*)"')
+_TAIL_BASE = re.compile(rb'"baseTimeNanoseconds":\s*(\d+)')
+_TAIL_KINDS = 4096
+
+
+class StreamTail:
+    """A streamed trace (`StreamWriter`'s file: one event a line, appended flush by flush, and
+    rewritten whole once when the rank finishes) read as it grows: each `read` parses only the
+    lines the file gained since the last (from the byte where it stopped; a rewritten file again
+    from its start, after `restart`), holding one piece of `read_bytes` at a time.
+
+    A subclass says which spans it wants and takes them: `select(raw_name, marked)` (the span's
+    name as the file writes it, between its quotes; `marked`: its `"collective"` argument, None
+    without one) gives a kind, 0 for a span not wanted, which is then not parsed at all (most
+    lines of a long run), the same kind for the same arguments (it is asked once a name, for
+    each marking);
+    `span(kind, start, end)` takes each wanted span, in file order, times
+    in ns after the file's base (`base_ns`, once its header was read); `restart()` is told the
+    file was rewritten. A file longer than `tail_bytes` at the first read has its spans named
+    `counted` before its last `tail_bytes` counted by byte search, not parsed (`skipped(n)`).
+    `finished`: the file holds its closing line; `size` and `grew_at` (monotonic s): when it
+    was last seen to change size."""
+
+    def __init__(
+        self, path: str, counted: str | None = None, tail_bytes: int = 64 << 20, read_bytes: int = 8 << 20
+    ) -> None:
+        self.path = path
+        self.counted = counted
+        self.tail_bytes = tail_bytes
+        self.read_bytes = read_bytes
+        self._selected: dict[bytes, tuple[int, int, int]] = {}  # what `select` said of a name
+        self._reset(None)
+
+    def _reset(self, ino: int | None) -> None:
+        self.ino = ino
+        self.offset = 0
+        self.partial = b""
+        self.base_ns: int | None = None
+        self.finished = False
+        self.grew_at = time.monotonic()
+        self.size = 0
+
+    # ---- what a subclass says -----------------------------------------------------------------
+
+    def select(self, raw_name: bytes, marked: bool | None) -> int:
+        return 0
+
+    def span(self, kind: int, start: int, end: int) -> None:
+        pass
+
+    def restart(self) -> None:
+        pass
+
+    def skipped(self, count: int) -> None:
+        pass
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def read(self) -> None:
+        """What the file gained since the last read (all of it, if it was rewritten)."""
+        try:
+            f = open(self.path, "rb")
+        except OSError:
+            return
+        with f:
+            st = os.fstat(f.fileno())
+            if self.ino is None:
+                self.ino = st.st_ino
+            elif st.st_ino != self.ino or st.st_size < self.offset:
+                self._reset(st.st_ino)  # rewritten (the rank finished, or started again)
+                self.restart()
+            if st.st_size != self.size:
+                self.size = st.st_size
+                self.grew_at = time.monotonic()
+            if self.offset == 0 and st.st_size > self.tail_bytes:
+                self._skip(f, st.st_size - self.tail_bytes)
+            f.seek(self.offset)
+            while True:
+                piece = f.read(self.read_bytes)
+                if not piece:
+                    break
+                self.offset += len(piece)
+                data = self.partial + piece
+                cut = data.rfind(b"\n") + 1
+                self.partial = data[cut:]
+                self._lines(data[:cut])
+            if self.partial.strip() in (b"]}", b"]"):  # the finished file's last line has no newline
+                self.finished = True
+
+    def _skip(self, f: Any, to: int) -> None:
+        """Count the `counted` spans in the file's first `to` bytes (to the end of the line there)
+        and go on from that line: no line before is parsed. The needle is how the stream writes a
+        span's name, followed by its pid."""
+        first = f.readline()
+        self._lines(first)  # the header: base time, the finished form
+        f.seek(to)
+        f.readline()
+        end = f.tell()
+        needle = b',"name":' + orjson.dumps(self.counted) + b',"pid":'
+        f.seek(0)
+        done, carry, count = 0, b"", 0
+        while done < end:
+            piece = f.read(min(self.read_bytes, end - done))
+            if not piece:
+                break
+            done += len(piece)
+            data = carry + piece
+            count += data.count(needle)  # the carry is shorter than the needle: none counted twice
+            carry = data[-(len(needle) - 1) :]
+        self.skipped(count)
+        self.offset = end
+
+    def _lines(self, data: bytes) -> None:
+        kinds, span = self._selected, self.span
+        for line in data.splitlines():
+            line = line.strip()
+            if line.startswith(b"["):
+                line = line[1:]
+            if line.endswith(b","):
+                line = line[:-1]
+            if not line:
+                continue
+            if line in (b"]}", b"]"):
+                self.finished = True
+                continue
+            if line.startswith(b'{"baseTimeNanoseconds"'):  # the finished file's header line
+                self._header(line)
+                continue
+            if b'"ph":"X"' not in line:
+                if self.base_ns is None and b'"baseTimeNanoseconds"' in line:
+                    self._header(line)
+                continue
+            m = _TAIL_NAME.search(line)
+            if m is None:
+                continue
+            # Most spans are not wanted: told apart without parsing them, by what `select` said
+            # of the name once, unmarked, marked collective and marked not (kept for up to
+            # `_TAIL_KINDS` names: names made per step must not grow this).
+            raw = m.group(1)
+            said = kinds.get(raw)
+            if said is None:
+                if len(kinds) >= _TAIL_KINDS:
+                    kinds.clear()
+                said = kinds[raw] = (self.select(raw, None), self.select(raw, True), self.select(raw, False))
+            kind = said[1 if b'"collective":true' in line else 2 if b'"collective":false' in line else 0]
+            if not kind:
+                continue
+            try:
+                ev = orjson.loads(line)
+                start = round(float(ev["ts"]) * 1000)
+                end = start + round(float(ev.get("dur", 0)) * 1000)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a line cut short by a kill: the readers drop it too
+            span(kind, start, end)
+
+    def _header(self, line: bytes) -> None:
+        m = _TAIL_BASE.search(line)
+        if m:
+            self.base_ns = int(m.group(1))
+        if line.startswith(b'{"baseTimeNanoseconds"'):
+            self.finished = False  # events follow; `]}` ends them
+
+
 # ---- merged files, part by part -----------------------------------------------------------------
 # A merge of many ranks writes one file rank by rank (memory about one rank's worth): the header
 # first, then each part's event lines, which worker processes may encode (`encode_part` is a
@@ -1249,17 +1415,18 @@ def complete_header(path: str) -> dict[str, Any] | None:
 
 class MergedWriter:
     """One merged trace written into `f` part by part: the header (`base_ns`, the merged
-    `metadata`, `world_size`) when made, each part's event lines (`encode_part`'s bytes) by
-    `write`, and the closing bracket by `close`."""
+    `metadata`, `world_size`) when made, each part's event lines (`iter_encode_part`'s pieces)
+    by `write`, and the closing bracket by `close`."""
 
     def __init__(self, f: BinaryIO, base_ns: int, metadata: dict[str, Any], world_size: int | None) -> None:
         self.f = f
         self.base_ns = base_ns
         f.write(header_bytes(base_ns, metadata, None, world_size))
 
-    def encoder(self) -> Callable[[Trace, set[int] | frozenset[int]], bytes]:
-        """`encode_part` on this file's time base, as a value a worker process can be handed."""
-        return functools.partial(encode_part, base_ns=self.base_ns)
+    def encoder(self) -> Callable[[Trace, set[int] | frozenset[int]], Iterable[bytes]]:
+        """`iter_encode_part` on this file's time base, as a value a worker process can be
+        handed: a part's event lines in pieces, each written as it is made (a worker joins them)."""
+        return functools.partial(iter_encode_part, base_ns=self.base_ns)
 
     def write(self, data: bytes) -> None:
         self.f.write(data)
@@ -1269,46 +1436,64 @@ class MergedWriter:
 
 
 def encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(), *, base_ns: int) -> bytes:
-    """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer:
-    each process with its own writer, its spans laid out once over all of them (`nested`:
-    processes known to nest on every track already, which are written as they are)."""
-    chunks: list[bytes] = []
-    pid_of = {i: q.pid for i, q in enumerate(part.processes)}
-    rows_of: dict[int, list[int]] = {i: [] for i in range(len(part.processes))}
-    if len(part.processes) == 1:
-        rows_of[0] = list(range(len(part.spans)))
-    else:
-        proc_of_track = [t.process for t in part.tracks]
-        for i, t in enumerate(part.spans.track):
-            rows_of[proc_of_track[t]].append(i)
+    """Event lines (each ending ",\\n") for every process of `part` (`iter_encode_part`'s pieces
+    joined)."""
+    return b"".join(iter_encode_part(part, nested, base_ns=base_ns))
+
+
+def iter_encode_part(part: Trace, nested: set[int] | frozenset[int] = frozenset(), *, base_ns: int) -> Iterator[bytes]:
+    """Event lines (each ending ",\\n") for every process of `part`, through the Chrome writer,
+    in pieces of at most `PART_PIECE` spans: each process with its own writer, its spans laid
+    out once over all of them (`nested`: processes known to nest on every track already, which
+    are written as they are, in storage order: a range of rows, no per-span list)."""
     sp = part.spans
+    one = len(part.processes) == 1
+    rows_of: dict[int, list[int]] = {} if one else {i: [] for i in range(len(part.processes))}
+    if not one:
+        proc_of_track = [t.process for t in part.tracks]
+        for i, t in enumerate(sp.track):
+            rows_of[proc_of_track[t]].append(i)
     tid_of: dict[tuple[int, Any], int] = {}
     wanted = {(e["process"], e["tid"]) for e in part.extra if "tid" in e}
     for pi, q in enumerate(part.processes):
         w = ProcessWriter(q.pid, q)  # type: ignore[arg-type]
-        chunks.append(w.process_events())
-        rows = rows_of[pi]
+        yield w.process_events()
+        rows: Sequence[int] = range(len(sp)) if one else rows_of.pop(pi)
         layout = CheckedLayout(sp, rows, pi in nested)
         w.layout = layout  # type: ignore[assignment]
         if layout.fallback is not None:
             # The Chrome writer's layout judges nesting across pieces when they come in the
             # order spans ended (children before their parents).
+            rows = list(rows)
             rows.sort(key=sp.start.__getitem__, reverse=True)
             rows.sort(key=sp.end.__getitem__)
-        for k in range(0, len(rows), 65536):
-            encode_spans(part, rows[k : k + 65536], w, base_ns, chunks)
+        for k in range(0, len(rows), PART_PIECE):
+            chunks: list[bytes] = []
+            encode_spans(part, rows[k : k + PART_PIECE], w, base_ns, chunks)
+            yield from chunks
+            del chunks
+        del rows
+        meta: list[bytes] = []
         for ti, track in enumerate(part.tracks):
             if track.process == pi and (pi, track.tid) in wanted:
-                meta: list[bytes] = []
                 tid_of[(pi, track.tid)] = w.tid(part, ti, 0, meta)
-                chunks.extend(meta)
+        if meta:
+            yield b"".join(meta)
     # Other tools' instants and flows point at threads by tid: give them the tids written.
     for e in part.extra:
         if "tid" in e:
             e["tid"] = tid_of.get((e["process"], e["tid"]), e["tid"])
+    pid_of = {i: q.pid for i, q in enumerate(part.processes)}
+    chunks = []
     encode_counters(part, range(len(part.counters)), pid_of, base_ns, chunks)  # type: ignore[arg-type]
     encode_extra(part, pid_of, base_ns, chunks)  # type: ignore[arg-type]
-    return b"".join(chunks)
+    yield b"".join(chunks)
+
+
+#: Spans a piece of a merged part holds (its lines are written before the next are made). A
+#: track's description goes out with the first piece that holds one of its spans, so this size
+#: is part of the merged file's bytes.
+PART_PIECE = 65536
 
 
 class CheckedLayout:
@@ -1316,7 +1501,7 @@ class CheckedLayout:
     maps): all on lane 0, after one check over the whole process; if any two cross, the Chrome
     writer's own layout decides."""
 
-    def __init__(self, sp: Any, rows: list[int], known: bool = False) -> None:
+    def __init__(self, sp: Any, rows: Sequence[int], known: bool = False) -> None:
         self.fallback: Layout | None = None if known or nests(sp, rows) else Layout()
 
     def place(self, tracks: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> list[int]:
@@ -1328,7 +1513,7 @@ class CheckedLayout:
         return self.fallback.lanes_used(track) if self.fallback is not None else 1
 
 
-def nests(sp: Any, rows: list[int]) -> bool:
+def nests(sp: Any, rows: Sequence[int]) -> bool:
     """Do the spans `rows` nest on each track the way Perfetto reads them (sorted by start, the
     longest first at equal starts; [start, end))?"""
     order = list(rows)

@@ -23,7 +23,8 @@ It may offer more, which a stage asks for by name with `Format.capability` inste
 format's name: ``parse(path, data) -> (header, events)`` (the file's raw Chrome JSON events, which
 `validate` checks against Perfetto's JSON importer rules; the JSON format offers it), and
 ``parse_batches(path)`` (the same events a batch at a time, so a large file is checked holding
-one batch).
+one batch), and ``read_spans(path, data=None)`` (`read` without the spans' arguments and
+categories, for validate's checks of names, tracks and times; the protobuf format offers it).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
 Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format
