@@ -1284,7 +1284,7 @@ class _Reader:
                 if self.args:
                     args, cats = [args[i] for i in keep], [cats[i] for i in keep]
             del c
-            ids = {n: intern(n) for n in set(names)}
+            ids = {n: intern(n) for n in dict.fromkeys(names)}  # first-seen order: the same numbering every run
             entry = self._entries(uuid, len(spans), len(names), entry, base)
             if self.args:
                 spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, cats)
