@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 import gputrace
@@ -23,6 +24,7 @@ from gputrace import digest
 from gputrace.cli import main
 from gputrace.trace import chrome
 from gputrace.trace.model import Process, Trace, Track
+from tests.conftest import TWINS
 
 B = 1_700_000_000_000_000_000
 GOLDEN = Path(__file__).parent / "golden" / "stats_columns.json.gz"
@@ -134,3 +136,48 @@ if __name__ == "__main__":
         body = orjson.dumps(outputs(Path(tmp)), option=orjson.OPT_SORT_KEYS)
     with open(sys.argv[2], "wb") as f:
         f.write(gzip.compress(body, mtime=0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_grouping_and_sorting_give_what_their_python_twins_give(seed: int) -> None:
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.randrange(0, 400)
+    stride = rng.randrange(1, 6)
+    n_tracks = rng.randrange(1, 7)
+    slot_of_track = array("q", (rng.randrange(stride) for _ in range(n_tracks)))
+    names = array("l", (rng.randrange(9) for _ in range(n)))
+    tracks = array("l", (rng.randrange(n_tracks) for _ in range(n)))
+    choices: list[Any] = [None, None, {}, {"collective": True}, {"collective": False}, {"collective": 0}]
+    choices += [{"unfinished": True}, {"cover": 1}, {"unfinished": True, "collective": True}, {"k": 3}]
+    choices += [{"cover": True, "collective": None}, {"unfinished": 0, "cover": 0, "collective": "yes"}]
+    args = [rng.choice(choices) for _ in range(n)]
+    want = columns._groups_py(names, tracks, args, slot_of_track, stride)
+    got = columns._hot.stats_groups(names, tracks, args, slot_of_track, stride)
+    assert [columns._from_bytes(x) if i != 3 else x for i, x in enumerate(got)] == [
+        array("q", want[1]) if i == 1 else x for i, x in enumerate(want)
+    ]
+    starts = array("q", (rng.randrange(-(10**12), 10**12) for _ in range(n)))
+    ends = array("q", (s + rng.randrange(-5, 10**6) for s in starts))
+    idx = array("q", (rng.randrange(n) for _ in range(rng.randrange(n + 1)))) if n else array("q")
+    want_d = columns._sorted_durations_py(starts, ends, idx)
+    assert columns._from_bytes(columns._hot.stats_sorted_durations(starts, ends, idx)) == want_d
+    assert columns._from_bytes(columns._hot.stats_sorted_durations(starts, ends, memoryview(idx))) == want_d
+
+
+@pytest.mark.parametrize("c", TWINS)
+def test_summary_from_both_twins_is_the_golden_one(c: bool, twins_restored: None, tmp_path: Path) -> None:
+    from gputrace import native
+
+    native.use(c)
+    want = orjson.loads(gzip.decompress(GOLDEN.read_bytes()))
+    d = tmp_path / "named"
+    world, steps, seed, marked = RUNS["named"]
+    write_run(d, world, steps, seed, marked)
+    got = orjson.loads(orjson.dumps(_cli_json(["summary", "--json", "--full", str(d)]), option=orjson.OPT_SORT_KEYS))
+    assert got == want["named: summary --full"]
