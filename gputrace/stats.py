@@ -585,7 +585,7 @@ def _steps(
     for k, col in enumerate(zip(*(busy[r] for r in srank))):
         v = sorted(col)
         med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) // 2
-        j = max(range(n), key=col.__getitem__)
+        j = col.index(max(col))  # the first largest
         margin = col[j] - med
         pct = 100.0 * margin / med if med else (0.0 if margin == 0 else math.inf)
         called = n > 1 and pct > MARGIN_PCT and margin > noise[j]
@@ -633,7 +633,7 @@ def _local(
     skip: int,
     stride: int,
     slot: int,
-) -> tuple[tuple[list[int], list[int], list[int]], dict[int, int]]:
+) -> tuple[tuple[Sequence[int], Sequence[int], Sequence[int]], dict[int, int]]:
     """One rank's cover (the union per track of its spans that are not rows of a digest nor a
     step's ancestor) and its kept spans' children's time per group key (name * stride + slot),
     by the digest's own loops (`gputrace.digest_breakdown`), over its spans in the order written."""
@@ -660,11 +660,11 @@ def _local(
     ss = array("q", (sp.start[i] for i in steps))
     se = array("q", (sp.end[i] for i in steps))
     st = array("q", (sp.track[i] for i in steps))
-    cover = dbk.cover_spans(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
+    cover = dbk.cover_columns(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
     # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
     cut = array("q", [ss[skip]] if skip and len(ss) > skip else [])
     e = array("q")
-    ck, cn, *_ = dbk.nest_spans(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+    ck, cn = dbk.nest_keys(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
     kept = 1 if len(cut) else 0
     children = {n * stride + slot: c for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept}
     return cover, children
@@ -675,7 +675,7 @@ def _breakdown(
     steps: Steps,
     step_idx: dict[int, list[int]],
     rows: list[list[int]],
-    covers: list[tuple[list[int], list[int], list[int]]],
+    covers: list[tuple[Sequence[int], Sequence[int], Sequence[int]]],
     cover_spans: list[list[int]],
     collectives: Collectives | None,
     colls: set[int],
@@ -715,10 +715,10 @@ def _breakdown(
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
-            [*map(start.__getitem__, mine), *cs],
-            [*map(end.__getitem__, mine), *ce],
-            [*map(track.__getitem__, mine), *ct],
-            [*map(colls.__contains__, mine), *repeat(False, len(ct))],
+            array("q", chain(map(start.__getitem__, mine), cs)),
+            array("q", chain(map(end.__getitem__, mine), ce)),
+            array("q", chain(map(track.__getitem__, mine), ct)),
+            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct)))),  # one byte a span
             (transfers[r][0], transfers[r][1]),
             steps.wait_ns[r],
         )

@@ -34,20 +34,21 @@ TRUE_MASK = bytes(1 if b == MARKED_TRUE else 0 for b in range(256))
 class Groups:
     """Spans grouped by key. `groups()` gives {key: its span indices} as views of `order`."""
 
-    order: array[int]  # span indices, group after group
+    order: array[int] | memoryview  # span indices, group after group (or a view of int64 bytes)
     keys: list[int]  # the groups' keys, in order of first sight
     bounds: array[int]  # group j is order[bounds[j]:bounds[j + 1]]
     marked: bytes  # per span: MARKED_NONE, MARKED_FALSE or MARKED_TRUE
-    own: array[int]  # per rank slot, its finished spans in trace order, slot after slot
+    own: array[int] | memoryview  # per rank slot, its finished spans in trace order, slot after slot
     own_bounds: array[int]  # slot s is own[own_bounds[s]:own_bounds[s + 1]]
 
     def groups(self) -> dict[int, Sequence[int]]:
-        view = memoryview(self.order)
+        view = self.order if isinstance(self.order, memoryview) else memoryview(self.order)
         b = self.bounds
         return {k: view[b[j] : b[j + 1]] for j, k in enumerate(self.keys)}
 
     def own_of(self, slot: int) -> Sequence[int]:
-        return memoryview(self.own)[self.own_bounds[slot] : self.own_bounds[slot + 1]]
+        view = self.own if isinstance(self.own, memoryview) else memoryview(self.own)
+        return view[self.own_bounds[slot] : self.own_bounds[slot + 1]]
 
 
 def _groups_py(
@@ -99,6 +100,11 @@ def _from_bytes(b: bytes) -> array[int]:
     return a
 
 
+def int64s(b: bytes) -> memoryview:
+    """The int64 items of `b` in place (a read-only view: no copy of a column of millions)."""
+    return memoryview(b).cast("q")
+
+
 _hot: ModuleType | None = None
 
 
@@ -119,12 +125,7 @@ def groups(
     slots = slot_of_track if isinstance(slot_of_track, array) else array("q", slot_of_track)
     order, keys, bounds, marked, own, own_bounds = _hot.stats_groups(names, tracks, args, slots, stride)
     return Groups(
-        _from_bytes(order),
-        _from_bytes(keys).tolist(),
-        _from_bytes(bounds),
-        marked,
-        _from_bytes(own),
-        _from_bytes(own_bounds),
+        int64s(order), _from_bytes(keys).tolist(), _from_bytes(bounds), marked, int64s(own), _from_bytes(own_bounds)
     )
 
 

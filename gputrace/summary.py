@@ -17,8 +17,10 @@ import dataclasses
 import glob
 import os
 import warnings
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import compress
 from typing import Any
 
 from gputrace import stats
@@ -251,17 +253,18 @@ def _drop_cover(trace: Trace) -> None:
     """The digests' cover spans out of the merged trace: they were for the breakdown only, not
     spans of the run (the trace returned is the step and collective spans)."""
     sp = trace.spans
-    keep = [i for i, a in enumerate(sp.args) if not (a and a.get("cover"))]
-    if len(keep) == len(sp):
+    keep = [not (a and a.get("cover")) for a in sp.args]
+    if all(keep):
         return
     out = SpanColumns()
-    out.extend(
-        [sp.name[i] for i in keep],
-        [sp.track[i] for i in keep],
-        [sp.start[i] for i in keep],
-        [sp.end[i] for i in keep],
-        [sp.args[i] for i in keep],
-        [sp.cat[i] for i in keep],
+    # Whole columns at a time: array(compress(...)) builds no list of the kept values.
+    out.name = array("l", compress(sp.name, keep))
+    out.track = array("l", compress(sp.track, keep))
+    out.start = array("q", compress(sp.start, keep))
+    out.end = array("q", compress(sp.end, keep))
+    out.args = list(compress(sp.args, keep))
+    out.cat = (
+        list(compress(sp.cat, keep)) if type(sp.cat) is list else [sp.cat[0] if len(sp) else None] * len(out.start)
     )
     trace.spans = out
 

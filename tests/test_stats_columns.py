@@ -181,3 +181,36 @@ def test_summary_from_both_twins_is_the_golden_one(c: bool, twins_restored: None
     write_run(d, world, steps, seed, marked)
     got = orjson.loads(orjson.dumps(_cli_json(["summary", "--json", "--full", str(d)]), option=orjson.OPT_SORT_KEYS))
     assert got == want["named: summary --full"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lean_cover_and_nesting_give_what_their_python_references_give(seed: int) -> None:
+    """The breakdown's C loops as `stats` calls them (the cover as int64 columns, the nesting
+    without carried spans) against their Python references, on random columns: nested,
+    overlapping, equal and inverted spans, other tools' and left-out ones, steps and ancestors."""
+    from array import array
+
+    from gputrace import digest_breakdown as dbk
+
+    if dbk._cover_c is None or dbk._nest_c is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 60, 3000])
+    names = array("l", (rng.randrange(6) for _ in range(n)))
+    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
+    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
+    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
+    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
+    mask = bytes(rng.random() < 0.3 for _ in range(6))
+    ss = array("q", sorted(rng.randrange(10**6) for _ in range(rng.randrange(0, 20))))
+    se = array("q", (s + rng.randrange(10**5) for s in ss))
+    st = array("q", (rng.randrange(4) for _ in ss))
+    cover = (names, tracks, starts, ends, skip, mask, ss, se, st)
+    want = tuple(array("q", x) for x in dbk._cover_py(*cover))
+    assert dbk.cover_columns(*cover) == want
+    e = array("q")
+    for cut in (array("q"), ss[:1]):
+        args = (names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+        assert dbk.nest_keys(*args) == tuple(dbk._nest_py(*args)[:2])
+        lean = dbk._nest_c(*args, True)
+        assert lean[:2] == dbk._nest_c(*args)[:2] and not any(lean[2:])

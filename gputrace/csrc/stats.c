@@ -71,8 +71,12 @@ static PyObject *args_get(PyObject *a, PyObject *key) {
     return PyObject_CallMethod(a, "get", "O", key);
 }
 
-static PyObject *bytes_of(const void *p, Py_ssize_t n) {
-    return PyBytes_FromStringAndSize(n ? (const char *)p : "", n);
+
+/* A new bytes object of n int64 items to fill in place (no second copy of a column). */
+static PyObject *new_int64s(Py_ssize_t n, long long **items) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (b) *items = (long long *)PyBytes_AsString(b);
+    return b;
 }
 
 PyDoc_STRVAR(stats_groups_doc,
@@ -83,12 +87,12 @@ static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
     long long stride;
     if (!PyArg_ParseTuple(py_args, "OOOOL", &no, &to, &args, &so, &stride)) return NULL;
     PyObject *kn = NULL, *kt = NULL, *ks = NULL, *result = NULL;
-    long long *key = NULL;
+    PyObject *order_b = NULL, *keys_b = NULL, *bounds_b = NULL, *marked_b = NULL, *own_b = NULL, *own_bounds_b = NULL;
     Py_ssize_t *grp = NULL, *cnt = NULL;
-    long long *gkeys = NULL, *bounds = NULL, *own_bounds = NULL, *order64 = NULL, *own64 = NULL;
+    long long *gkeys = NULL, *bounds = NULL, *own_bounds = NULL, *order = NULL, *own = NULL, *at = NULL;
     char *marked = NULL;
     KeyMap km = {0};
-    Py_ssize_t n, nt, ns, ng = 0, nown = 0;
+    Py_ssize_t n, nt, ns, ng = 0;
     const long long *name = gt_column_items(no, &n, &kn);
     if (!name) goto out;
     const long long *track = gt_column_items(to, &nt, &kt);
@@ -99,102 +103,100 @@ static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
         PyErr_SetString(PyExc_ValueError, "stats_groups: columns of different lengths");
         goto out;
     }
-    size_t m1 = (size_t)(n ? n : 1);
-    key = PyMem_Malloc(sizeof(long long) * m1);
-    marked = PyMem_Calloc(m1, 1);
-    grp = PyMem_Malloc(sizeof(Py_ssize_t) * m1);
-    if (!key || !marked || !grp) { PyErr_NoMemory(); goto out; }
+    grp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    if (!grp) { PyErr_NoMemory(); goto out; }
+    if (!(marked_b = PyBytes_FromStringAndSize(NULL, n))) goto out;
+    marked = PyBytes_AsString(marked_b);
+    if (km_init(&km, 64) < 0) goto out;
+    /* Each span's key, and its group (numbered in order of first sight). */
     for (Py_ssize_t i = 0; i < n; i++) {
         if (track[i] < 0 || track[i] >= ns) {
             PyErr_SetString(PyExc_IndexError, "stats_groups: a span's track is not in slot_of_track");
             goto out;
         }
-        long long s = slot[track[i]];
-        key[i] = name[i] * stride + s;
+        long long s = slot[track[i]], key = name[i] * stride + s;
+        marked[i] = 0;
         PyObject *a = PyList_GetItem(args, i);
         if (!a) goto out;
-        if (a == Py_None) continue;
-        int t = PyObject_IsTrue(a);
-        if (t < 0) goto out;
-        if (!t) continue;
-        PyObject *v = args_get(a, s_unfinished);
-        if (!v) goto out;
-        t = PyObject_IsTrue(v);
-        Py_DECREF(v);
-        if (t < 0) goto out;
-        if (t) {
-            key[i] = -1 - s;
-        } else {
-            v = args_get(a, s_cover);
-            if (!v) goto out;
-            t = PyObject_IsTrue(v);
-            Py_DECREF(v);
+        if (a != Py_None) {
+            int t = PyObject_IsTrue(a);
             if (t < 0) goto out;
-            if (t) key[i] = -1 - stride - s;
+            if (t) {
+                PyObject *v = args_get(a, s_unfinished);
+                if (!v) goto out;
+                t = PyObject_IsTrue(v);
+                Py_DECREF(v);
+                if (t < 0) goto out;
+                if (t) {
+                    key = -1 - s;
+                } else {
+                    v = args_get(a, s_cover);
+                    if (!v) goto out;
+                    t = PyObject_IsTrue(v);
+                    Py_DECREF(v);
+                    if (t < 0) goto out;
+                    if (t) key = -1 - stride - s;
+                }
+                v = args_get(a, s_collective);
+                if (!v) goto out;
+                if (v != Py_None) {
+                    t = PyObject_IsTrue(v);
+                    if (t < 0) { Py_DECREF(v); goto out; }
+                    marked[i] = t ? 2 : 1;
+                }
+                Py_DECREF(v);
+            }
         }
-        v = args_get(a, s_collective);
-        if (!v) goto out;
-        if (v != Py_None) {
-            t = PyObject_IsTrue(v);
-            if (t < 0) { Py_DECREF(v); goto out; }
-            marked[i] = t ? 2 : 1;
-        }
-        Py_DECREF(v);
-    }
-    /* Groups in order of first sight, each its spans in order: a counting sort by group. */
-    if (km_init(&km, 64) < 0) goto out;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((grp[i] = km_group(&km, key[i])) < 0) goto out;
+        if ((grp[i] = km_group(&km, key)) < 0) goto out;
     }
     ng = km.used;
+    /* The groups' keys, each key's group number being its place in order of first sight. */
     cnt = PyMem_Calloc((size_t)ng + 1, sizeof(Py_ssize_t));
-    gkeys = PyMem_Malloc(sizeof(long long) * ((size_t)ng + 1));
-    bounds = PyMem_Malloc(sizeof(long long) * ((size_t)ng + 1));
-    order64 = PyMem_Malloc(sizeof(long long) * m1);
-    if (!cnt || !gkeys || !bounds || !order64) { PyErr_NoMemory(); goto out; }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (cnt[grp[i]]++ == 0) gkeys[grp[i]] = key[i];
-    }
+    if (!cnt) { PyErr_NoMemory(); goto out; }
+    if (!(keys_b = new_int64s(ng, &gkeys)) || !(bounds_b = new_int64s(ng + 1, &bounds))) goto out;
+    for (Py_ssize_t j = 0; j < km.cap; j++)
+        if (km.vals[j] >= 0) gkeys[km.vals[j]] = km.keys[j];
+    for (Py_ssize_t i = 0; i < n; i++) cnt[grp[i]]++;
     bounds[0] = 0;
     for (Py_ssize_t g = 0; g < ng; g++) bounds[g + 1] = bounds[g] + cnt[g];
     memset(cnt, 0, sizeof(Py_ssize_t) * ((size_t)ng + 1));
+    if (!(order_b = new_int64s(n, &order))) goto out;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t g = grp[i];
-        order64[bounds[g] + cnt[g]++] = i;
+        order[bounds[g] + cnt[g]++] = i;
     }
     /* Each rank slot's spans that are in a group of its own (finished, not a cover, not another
      * process's: key >= 0 and key % stride != stride - 1), in order. */
-    own_bounds = PyMem_Calloc((size_t)stride + 1, sizeof(long long));
-    own64 = PyMem_Malloc(sizeof(long long) * m1);
-    if (!own_bounds || !own64) { PyErr_NoMemory(); goto out; }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (key[i] >= 0 && key[i] % stride != stride - 1) own_bounds[key[i] % stride + 1]++;
-    for (long long s = 0; s < stride; s++) own_bounds[s + 1] += own_bounds[s];
-    {
-        long long *at = PyMem_Malloc(sizeof(long long) * ((size_t)stride + 1));
-        if (!at) { PyErr_NoMemory(); goto out; }
-        memcpy(at, own_bounds, sizeof(long long) * ((size_t)stride + 1));
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (key[i] >= 0 && key[i] % stride != stride - 1) own64[at[key[i] % stride]++] = i;
-        PyMem_Free(at);
+    if (!(own_bounds_b = new_int64s(stride + 1, &own_bounds))) goto out;
+    memset(own_bounds, 0, sizeof(long long) * ((size_t)stride + 1));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long k = gkeys[grp[i]];
+        if (k >= 0 && k % stride != stride - 1) own_bounds[k % stride + 1]++;
     }
-    nown = (Py_ssize_t)own_bounds[stride];
-    result = Py_BuildValue("(NNNNNN)", bytes_of(order64, n * 8), bytes_of(gkeys, ng * 8), bytes_of(bounds, (ng + 1) * 8),
-                           bytes_of(marked, n), bytes_of(own64, nown * 8), bytes_of(own_bounds, (stride + 1) * 8));
+    for (long long s = 0; s < stride; s++) own_bounds[s + 1] += own_bounds[s];
+    at = PyMem_Malloc(sizeof(long long) * ((size_t)stride + 1));
+    if (!at) { PyErr_NoMemory(); goto out; }
+    memcpy(at, own_bounds, sizeof(long long) * ((size_t)stride + 1));
+    if (!(own_b = new_int64s((Py_ssize_t)own_bounds[stride], &own))) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long k = gkeys[grp[i]];
+        if (k >= 0 && k % stride != stride - 1) own[at[k % stride]++] = i;
+    }
+    result = PyTuple_Pack(6, order_b, keys_b, bounds_b, marked_b, own_b, own_bounds_b);
 out:
     Py_XDECREF(kn);
     Py_XDECREF(kt);
     Py_XDECREF(ks);
+    Py_XDECREF(order_b);
+    Py_XDECREF(keys_b);
+    Py_XDECREF(bounds_b);
+    Py_XDECREF(marked_b);
+    Py_XDECREF(own_b);
+    Py_XDECREF(own_bounds_b);
     km_free(&km);
-    PyMem_Free(key);
-    PyMem_Free(marked);
     PyMem_Free(grp);
     PyMem_Free(cnt);
-    PyMem_Free(gkeys);
-    PyMem_Free(bounds);
-    PyMem_Free(own_bounds);
-    PyMem_Free(order64);
-    PyMem_Free(own64);
+    PyMem_Free(at);
     return result;
 }
 
@@ -222,25 +224,23 @@ static PyObject *hot_stats_sorted_durations(PyObject *self, PyObject *py_args) {
         PyErr_SetString(PyExc_ValueError, "stats_sorted_durations: columns of different lengths");
         goto out;
     }
-    d = PyMem_Malloc(sizeof(long long) * (size_t)(m ? m : 1));
-    if (!d) { PyErr_NoMemory(); goto out; }
+    if (!(result = new_int64s(m, &d))) goto out;
     int sorted = 1;
     for (Py_ssize_t j = 0; j < m; j++) {
         long long i = idx[j];
         if (i < 0 || i >= n) {
             PyErr_SetString(PyExc_IndexError, "stats_sorted_durations: a span index out of range");
+            Py_CLEAR(result);
             goto out;
         }
         d[j] = e[i] - s[i];
         if (j && d[j - 1] > d[j]) sorted = 0;
     }
     if (!sorted) qsort(d, (size_t)m, sizeof(long long), q_cmp);
-    result = bytes_of(d, m * 8);
 out:
     Py_XDECREF(ks);
     Py_XDECREF(ke);
     Py_XDECREF(ki);
-    PyMem_Free(d);
     return result;
 }
 
