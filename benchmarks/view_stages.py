@@ -67,6 +67,7 @@ def main() -> None:
         if old.startswith(".gputrace-view-") or (args.traces and old.startswith("digest_rank")):
             os.unlink(os.path.join(folder, old))
 
+    timed(summary, "make_digests", "make the missing digests (workers)")
     timed(summary, "collect", "read the digests (summary.collect)")
     timed(summary, "load", "align them (summary.load: merge's functions)")
     timed(stats, "summarize", "stats.summarize")

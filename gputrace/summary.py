@@ -130,6 +130,34 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
     return out
 
 
+def _digest_beside(task: tuple[str, str]) -> bool:
+    """(A worker's task) the digest of the trace at `task[0]`, steps marked by `task[1]`,
+    written beside it; False where it cannot be written there (a read-only folder)."""
+    path, step_name = task
+    doc = from_trace(registry.read(path), step_name, path)
+    try:
+        digestfile.write(doc, digest_path(path))
+    except OSError:
+        return False
+    return True
+
+
+def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> Inputs:
+    """The digests of the per-rank trace files that have none beside them, made from the traces
+    in worker processes (`merge.pool`, ranks in parallel) and written beside them as the
+    recorder would have (the next summary or view reads them, not the traces); the inputs found
+    again. A folder that cannot take a digest leaves its trace to `collect`."""
+    from gputrace.merge import pool
+
+    todo = [t for t in inputs.traces if t not in inputs.digests and TRACE_NAME.match(os.path.basename(t))]
+    if not todo:
+        return inputs
+    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    for _ in pool.ordered(_digest_beside, [(t, step_name) for t in todo], n, 2 * n):
+        pass
+    return find(inputs.traces + inputs.lone)
+
+
 def step_names(inputs: Inputs) -> set[str]:
     """The step names the digests were written with (read from the files' first bytes)."""
     found = (step_name_of(p) for p in [*inputs.digests.values(), *inputs.lone])

@@ -222,12 +222,23 @@ def digest_view(
     """`from_digests`'s document as `split` gives it (its small keys, the rest encoded), ready to
     serve. It is kept beside the digests (`cache`): the next view of the same files reads it
     back, neither digests nor traces."""
-    from gputrace.summary import DIGEST_MIN_RANKS, collect, find
+    from gputrace.errors import GputraceError
+    from gputrace.summary import DIGEST_MIN_RANKS, collect, find, make_digests
 
     from . import cache
 
     found = find(paths)
-    if not found.traces or not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
+    if not found.traces:
+        return None
+    if not found.complete and len(found.traces) > 1 and _large(found.traces):
+        # Large traces of many ranks without their digests (copied without them, or written by
+        # an older gputrace): each rank's digest is made from its trace, ranks in parallel, and
+        # written beside it; this view and the next are drawn from them.
+        try:
+            found = make_digests(found, step)
+        except GputraceError:
+            return None  # not per-rank gputrace traces: read them whole (which says what is wrong)
+    if not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
         return None
     inputs = list(inputs)
     options = {"step": step, "skip_steps": skip_steps, "require_step": require_step, "format": FORMAT}
