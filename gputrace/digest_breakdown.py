@@ -215,8 +215,14 @@ def cover_columns(*a: Any) -> tuple[Sequence[int], Sequence[int], Sequence[int]]
     """`cover_spans` as int64 columns (arrays, or views of the C build's bytes): 8 bytes an
     interval, where lists take ~36 (`stats` on a whole rank of millions of spans)."""
     if _cover_c is not None:
-        ct, cs, ce = (memoryview(b).cast("q") for b in _cover_c(*a, True))
-        return ct, cs, ce
+        got = list(_cover_c(*a, True))
+        cols = []
+        for j in range(3):  # one column's bytes and array alive at a time
+            col = array("q")
+            col.frombytes(got[j])
+            got[j] = b""
+            cols.append(col)
+        return cols[0], cols[1], cols[2]
     t, s, e = _cover_py(*a)
     return array("q", t), array("q", s), array("q", e)
 

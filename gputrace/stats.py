@@ -302,7 +302,11 @@ def summarize(
     row_mask = bytes(n in row_names for n in range(len(names)))
     local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
     children = {k: c for loc in local for k, c in loc[1].items()}
+    if sp.entry is None:  # each rank's spans serve the launch lags alone, which need host entry times
+        own = []
+        grouped.own = array("q")
     by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, children)
+    del dur  # 8 bytes a span, not needed past the names' rows
 
     # Collectives: spans the user marked, else spans named like one (never the step span).
     marked_names = marked_true_names
@@ -712,13 +716,17 @@ def _breakdown(
         mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
         mine += cover_spans[s]
         ct, cs, ce = covers[s]
+        if mine:
+            cs = array("q", chain(map(start.__getitem__, mine), cs))
+            ce = array("q", chain(map(end.__getitem__, mine), ce))
+            ct = array("q", chain(map(track.__getitem__, mine), ct))
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
-            array("q", chain(map(start.__getitem__, mine), cs)),
-            array("q", chain(map(end.__getitem__, mine), ce)),
-            array("q", chain(map(track.__getitem__, mine), ct)),
-            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct)))),  # one byte a span
+            cs,  # the cover alone (a whole trace of one rank): its columns, not copies
+            ce,
+            ct,
+            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine)))),  # one byte a span
             (transfers[r][0], transfers[r][1]),
             steps.wait_ns[r],
         )

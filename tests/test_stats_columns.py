@@ -214,3 +214,20 @@ def test_the_lean_cover_and_nesting_give_what_their_python_references_give(seed:
         assert dbk.nest_keys(*args) == tuple(dbk._nest_py(*args)[:2])
         lean = dbk._nest_c(*args, True)
         assert lean[:2] == dbk._nest_c(*args)[:2] and not any(lean[2:])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_union_as_columns_is_the_python_union(seed: int) -> None:
+    from array import array
+
+    from gputrace import breakdown as bd
+
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 50, 2000])
+    starts = [rng.randrange(10**5) for _ in range(n)]
+    ends = [s + rng.choice([0, -3, rng.randrange(100), rng.randrange(10**4)]) for s in starts]
+    want = tuple(array("q", x) for x in bd._union_py(starts, ends))
+    assert bd.union_columns(starts, ends) == want
+    assert bd.union_columns(sorted(starts), [s + 5 for s in sorted(starts)]) == tuple(
+        array("q", x) for x in bd._union_py(sorted(starts), [s + 5 for s in sorted(starts)])
+    )

@@ -539,6 +539,43 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
         p[m++] = i;
     }
     if (sort_spans(p, m, &c, cover_cmp) < 0) goto out;
+    if (as_bytes) { /* counted first, then written to bytes of their exact size */
+        Py_ssize_t nout = 0;
+        long long lt = 0, le = 0;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            Py_ssize_t i = p[k];
+            if (nout && lt == c.track[i] && c.start[i] <= le) {
+                if (c.end[i] > le) le = c.end[i];
+            } else {
+                nout++;
+                lt = c.track[i];
+                le = c.end[i];
+            }
+        }
+        PyObject *b[3] = {NULL, NULL, NULL};
+        long long *w[3];
+        for (int j = 0; j < 3; j++) {
+            if (!(b[j] = PyBytes_FromStringAndSize(NULL, nout * 8))) break;
+            w[j] = (long long *)PyBytes_AsString(b[j]);
+        }
+        if (b[2]) {
+            Py_ssize_t o = 0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                Py_ssize_t i = p[k];
+                if (o && w[0][o - 1] == c.track[i] && c.start[i] <= w[2][o - 1]) {
+                    if (c.end[i] > w[2][o - 1]) w[2][o - 1] = c.end[i];
+                } else {
+                    w[0][o] = c.track[i];
+                    w[1][o] = c.start[i];
+                    w[2][o] = c.end[i];
+                    o++;
+                }
+            }
+            result = PyTuple_Pack(3, b[0], b[1], b[2]);
+        }
+        for (int j = 0; j < 3; j++) Py_XDECREF(b[j]);
+        goto out;
+    }
     for (Py_ssize_t k = 0; k < m; k++) {
         Py_ssize_t n = out[0].n, i = p[k];
         long long t = c.track[i], s = c.start[i], e = c.end[i];
@@ -716,6 +753,29 @@ static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
         m++;
     }
     if (!sorted) qsort(v, (size_t)m, sizeof(Iv), iv_cmp);
+    if (as_bytes) { /* merged in place, then written to bytes of their exact size: 32 bytes an interval at most */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (k && v[i].s <= v[k - 1].e) {
+                if (v[i].e > v[k - 1].e) v[k - 1].e = v[i].e;
+            } else {
+                v[k++] = v[i];
+            }
+        }
+        PyObject *bs = PyBytes_FromStringAndSize(NULL, k * 8);
+        PyObject *be = bs ? PyBytes_FromStringAndSize(NULL, k * 8) : NULL;
+        if (be) {
+            long long *ps = (long long *)PyBytes_AsString(bs), *pe = (long long *)PyBytes_AsString(be);
+            for (Py_ssize_t i = 0; i < k; i++) {
+                ps[i] = v[i].s;
+                pe[i] = v[i].e;
+            }
+            result = PyTuple_Pack(2, bs, be);
+        }
+        Py_XDECREF(bs);
+        Py_XDECREF(be);
+        goto out;
+    }
     for (Py_ssize_t i = 0; i < m; i++) {
         if (us.n && v[i].s <= ue.v[ue.n - 1]) {
             if (v[i].e > ue.v[ue.n - 1]) ue.v[ue.n - 1] = v[i].e;
@@ -723,12 +783,7 @@ static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
             goto out;
         }
     }
-    if (as_bytes) {
-        Vec both[2] = {us, ue};
-        result = tuple_of_bytes(both, 2);
-    } else {
-        result = pair_of_vecs(&us, &ue);
-    }
+    result = pair_of_vecs(&us, &ue);
 out:
     Py_XDECREF(a.keep);
     Py_XDECREF(b.keep);
