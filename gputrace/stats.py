@@ -298,9 +298,9 @@ def summarize(
                     del groups[k]
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
-    dur = array("q", map(sub, end, start))
     row_mask = bytes(n in row_names for n in range(len(names)))
     local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
+    dur = array("q", map(sub, end, start))
     children = {k: c for loc in local for k, c in loc[1].items()}
     if sp.entry is None:  # each rank's spans serve the launch lags alone, which need host entry times
         own = []
