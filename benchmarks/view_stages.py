@@ -36,7 +36,9 @@ SPENT: dict[str, list[float]] = {}
 
 def timed(owner: Any, attr: str, label: str) -> None:
     """Wrap `owner.attr` so that its wall and CPU seconds add up under `label`."""
-    fn: Callable[..., Any] = getattr(owner, attr)
+    fn: Callable[..., Any] | None = getattr(owner, attr, None)
+    if fn is None:  # an older checkout (--root-style before/after runs) without that stage
+        return
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:

@@ -31,8 +31,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress
-from operator import sub
+from itertools import accumulate, compress, repeat
+from operator import and_, eq, ne, not_, sub, truth
 from typing import Any
 
 from gputrace import native
@@ -215,8 +215,9 @@ def rank_breakdown(
     xs: list[int] = []
     xe: list[int] = []
     for t in coll_tracks:
-        mine = bytes(bool(c) and u == t for u, c in zip(tracks, colls))
-        others = bytes(not c and u != t for u, c in zip(tracks, colls))
+        # Whole columns at a time (C-level maps), one byte a span.
+        mine = bytes(map(and_, map(truth, colls), map(eq, tracks, repeat(t))))
+        others = bytes(map(and_, map(not_, colls), map(ne, tracks, repeat(t))))
         a, b = minus(
             *union_columns(array("q", compress(starts, mine)), array("q", compress(ends, mine))),
             *union_columns(array("q", compress(starts, others)), array("q", compress(ends, others))),
