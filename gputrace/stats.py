@@ -345,6 +345,14 @@ def summarize(
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
     elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
         notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    kept = [0] * nr
+    for k, n in [(k, len(v)) for k, v in groups.items()]:
+        kept[k % stride] += n
+    # The index column (8 bytes a span) is let go before the breakdown's columns are made: no name
+    # in this scope may hold a view of it past here.
+    g = ()  # a loop above may have left it holding a view
+    del groups
+    grouped.order = array("q")
     if steps is not None:
         covers = [loc[0] for loc in local]
         colls = {i for v in coll_idx.values() for i in v}
@@ -352,9 +360,6 @@ def summarize(
         if trace.spans.entry is not None:
             steps = _launch_lags(trace, steps, own)
 
-    kept = [0] * nr
-    for k, g in groups.items():
-        kept[k % stride] += len(g)
     counts = {}
     for s, r in enumerate(ranks):
         meta = rank_meta[r]
