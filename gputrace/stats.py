@@ -27,12 +27,13 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import ge, sub
 from typing import Any
 
 from gputrace import breakdown as bd
 from gputrace import digest_breakdown as dbk
+from gputrace import stats_columns as columns
 from gputrace.causes import causes
 from gputrace.errors import GputraceError
 from gputrace.trace.model import Trace
@@ -229,29 +230,14 @@ def summarize(
     # What merging found (mixed runs allowed, spans left out) stays in view.
     notes: list[str] = [str(n) for n in trace.metadata.get("notes") or () if isinstance(n, str)]
 
-    # Group every span by (name, rank slot) in one pass; unfinished spans go to group -1 - slot.
-    keys = [n * stride + slot_of_track[t] for n, t in zip(sp.name, sp.track)]
-    marked: dict[int, bool] = {}  # span index -> its `collective` argument
-    for i, a in enumerate(sp.args):
-        if a:
-            if a.get("unfinished"):
-                keys[i] = -1 - slot_of_track[sp.track[i]]
-            elif a.get("cover"):
-                keys[i] = -1 - stride - slot_of_track[sp.track[i]]
-            c = a.get("collective")
-            if c is not None:
-                marked[i] = bool(c)
-    groups: dict[int, list[int]] = {}
-    get = groups.get
-    for i, k in enumerate(keys):
-        g = get(k)
-        if g is None:
-            groups[k] = [i]
-        else:
-            g.append(i)
-    del keys
+    # Group every span by (name, rank slot) in one pass, as one index column (`stats_columns`);
+    # unfinished spans go to group -1 - slot, a digest's cover spans to -1 - stride - slot.
+    grouped = columns.groups(sp.name, sp.track, sp.args, array("q", slot_of_track), stride)
+    marked = grouped.marked  # per span: its `collective` argument (columns.MARKED_*)
+    any_marked = marked.count(columns.MARKED_NONE) != len(marked)
+    groups: dict[int, Sequence[int]] = grouped.groups()
     unfinished = [len(groups.pop(-1 - s, ())) for s in range(nr)]
-    cover = [groups.pop(-1 - stride - s, []) for s in range(stride)]
+    cover = [list(groups.pop(-1 - stride - s, ())) for s in range(stride)]
     foreign = len(groups.pop(-1 - nr, ())) + sum(len(v) for k, v in list(groups.items()) if k % stride == nr)
     groups = {k: v for k, v in groups.items() if k % stride != nr}
     if foreign:
@@ -281,13 +267,10 @@ def summarize(
 
     # Every finished span of each rank, warm-up included: the breakdown looks at all that was
     # open in a kept step, and a span's children may lie in the warm-up.
-    own: list[list[int]] = [[] for _ in range(nr)]
-    for k, g in groups.items():
-        own[k % stride].extend(g)
+    own = [grouped.own_of(s) for s in range(nr)]  # in trace order
     # ... and those a digest keeps as rows: named like the step or a collective, or marked one.
     row_names = {n for n, x in enumerate(names) if n == step_id or WAIT_NAMES.search(x)}
-    marked_true = {i for i, c in marked.items() if c}
-    marked_true_names = {sp.name[i] for i in marked_true}
+    marked_true_names = set(compress(sp.name, marked.translate(columns.TRUE_MASK)))
     rows_of: list[list[int]] = [[] for _ in range(nr)]
     for k, g in groups.items():
         if k // stride == step_id:
@@ -295,7 +278,7 @@ def summarize(
         if k // stride in row_names:
             rows_of[k % stride].extend(g)
         elif k // stride in marked_true_names:
-            rows_of[k % stride].extend(i for i in g if i in marked_true)
+            rows_of[k % stride].extend(i for i in g if marked[i] == columns.MARKED_TRUE)
 
     # Warm-up: spans of a rank that start before its first kept step.
     warmup = [0] * nr
@@ -315,26 +298,30 @@ def summarize(
                     del groups[k]
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
-    dur = list(map(sub, end, start))
     row_mask = bytes(n in row_names for n in range(len(names)))
     local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
+    dur = array("q", map(sub, end, start))
     children = {k: c for loc in local for k, c in loc[1].items()}
+    if sp.entry is None:  # each rank's spans serve the launch lags alone, which need host entry times
+        own = []
+        grouped.own = array("q")
     by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, children)
+    del dur  # 8 bytes a span, not needed past the names' rows
 
     # Collectives: spans the user marked, else spans named like one (never the step span).
-    marked_names = {sp.name[i] for i, c in marked.items() if c}
+    marked_names = marked_true_names
     coll_idx: dict[int, list[int]] = {s: [] for s in range(nr)}
     if marked_names:
         for k, g in groups.items():
             if k // stride in marked_names:
-                coll_idx[k % stride].extend(i for i in g if marked.get(i))
+                coll_idx[k % stride].extend(i for i in g if marked[i] == columns.MARKED_TRUE)
         coll_rule = "collectives are the spans marked collective=True"
     else:
         wait_names = {n for n, name in enumerate(names) if n != step_id and WAIT_NAMES.search(name)}
         for k, g in groups.items():
             if k // stride in wait_names:
                 # A span the user marked collective=False is not one, whatever its name.
-                coll_idx[k % stride].extend((i for i in g if marked.get(i, True)) if marked else g)
+                coll_idx[k % stride].extend((i for i in g if marked[i] != columns.MARKED_FALSE) if any_marked else g)
         coll_rule = (
             "collectives are the spans named like one (all_reduce, all_gather, reduce_scatter, all_to_all, "
             "broadcast, barrier, wait, nccl, gloo), as no span is marked collective=True"
@@ -358,6 +345,14 @@ def summarize(
             notes += _clock_notes(trace, ranks, rank_meta, aligned)
     elif nr > 1 and aligned:  # no arrival order to qualify, but unsynced clocks are said all the same
         notes += _clock_notes(trace, ranks, rank_meta, aligned)
+    kept = [0] * nr
+    for k, n in [(k, len(v)) for k, v in groups.items()]:
+        kept[k % stride] += n
+    # The index column (8 bytes a span) is let go before the breakdown's columns are made: no name
+    # in this scope may hold a view of it past here.
+    g = ()  # a loop above may have left it holding a view
+    del groups
+    grouped.order = array("q")
     if steps is not None:
         covers = [loc[0] for loc in local]
         colls = {i for v in coll_idx.values() for i in v}
@@ -365,9 +360,6 @@ def summarize(
         if trace.spans.entry is not None:
             steps = _launch_lags(trace, steps, own)
 
-    kept = [0] * nr
-    for k, g in groups.items():
-        kept[k % stride] += len(g)
     counts = {}
     for s, r in enumerate(ranks):
         meta = rank_meta[r]
@@ -408,7 +400,7 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def _unknown_step_message(
-    step: str, exists: bool, groups: dict[int, list[int]], names: list[str], stride: int, sp: Any
+    step: str, exists: bool, groups: dict[int, Sequence[int]], names: list[str], stride: int, sp: Any
 ) -> str:
     # The names by total time, as the table lists them: a step span is usually among the first.
     totals: dict[int, int] = {}
@@ -422,11 +414,11 @@ def _unknown_step_message(
 
 
 def _name_stats(
-    groups: dict[int, list[int]],
+    groups: dict[int, Sequence[int]],
     names: list[str],
     ranks: list[int],
     stride: int,
-    dur: list[int],
+    dur: Sequence[int],
     start: Sequence[int],
     end: Sequence[int],
     children: dict[int, int],
@@ -440,14 +432,14 @@ def _name_stats(
     for n, ks in by_name.items():
         ks.sort()
         totals: dict[int, int] = {}
-        runs: list[int] = []
+        parts: list[Sequence[int]] = []  # each rank's ascending durations
         slowest: Instance | None = None
         longest = -1
         self_total = 0
         for k in ks:
             g = groups[k]
             r = ranks[k % stride]
-            ds = sorted(map(dget, g))
+            ds = columns.sorted_durations(start, end, g)
             totals[r] = sum(ds)
             i = max(g, key=dget)
             inst = Instance(r, start[i], end[i])
@@ -456,8 +448,9 @@ def _name_stats(
             own_self = totals[r] - children.get(k, 0)
             self_total += own_self
             by_rank[r].append(_row(names[n], ds, {r: totals[r]}, inst, own_self))
-            runs.extend(ds)
-        runs.sort()  # sorted runs: a merge, not a full sort
+            parts.append(ds)
+        # Sorted runs: a merge, not a full sort; one rank's are the name's.
+        runs = parts[0] if len(parts) == 1 else sorted(chain.from_iterable(parts))
         assert slowest is not None
         rows.append(_row(names[n], runs, totals, slowest, self_total))
     order = lambda x: (-x.total_ns, x.name)  # noqa: E731
@@ -467,7 +460,7 @@ def _name_stats(
     return by_rank, rows
 
 
-def _row(name: str, ds: list[int], totals: dict[int, int], slowest: Instance, self_total: int) -> NameStats:
+def _row(name: str, ds: Sequence[int], totals: dict[int, int], slowest: Instance, self_total: int) -> NameStats:
     """One name's statistics from its ascending durations and its total on each rank."""
     pct = (percentile(ds, 50), percentile(ds, 90), percentile(ds, 99))
     return name_row(name, len(ds), pct, ds[-1], totals, slowest, self_total)
@@ -601,7 +594,7 @@ def _steps(
     for k, col in enumerate(zip(*(busy[r] for r in srank))):
         v = sorted(col)
         med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) // 2
-        j = max(range(n), key=col.__getitem__)
+        j = col.index(max(col))  # the first largest
         margin = col[j] - med
         pct = 100.0 * margin / med if med else (0.0 if margin == 0 else math.inf)
         called = n > 1 and pct > MARGIN_PCT and margin > noise[j]
@@ -642,20 +635,22 @@ def _steps(
 
 def _local(
     trace: Trace,
-    own: list[int],
+    own: Sequence[int],
     rows: list[int],
     row_mask: bytes,
     steps: list[int],
     skip: int,
     stride: int,
     slot: int,
-) -> tuple[tuple[list[int], list[int], list[int]], dict[int, int]]:
+) -> tuple[tuple[Sequence[int], Sequence[int], Sequence[int]], dict[int, int]]:
     """One rank's cover (the union per track of its spans that are not rows of a digest nor a
     step's ancestor) and its kept spans' children's time per group key (name * stride + slot),
     by the digest's own loops (`gputrace.digest_breakdown`), over its spans in the order written."""
     sp = trace.spans
-    idx = sorted(own)
-    if idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
+    idx = own  # ascending
+    if idx and idx[0] == 0 and len(idx) == len(sp):  # the trace's only rank: its columns as they are
+        names, tracks, starts, ends = sp.name, sp.track, sp.start, sp.end
+    elif idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
         lo, hi = idx[0], idx[-1] + 1
         names, tracks = array("l", sp.name[lo:hi]), array("l", sp.track[lo:hi])
         starts, ends = array("q", sp.start[lo:hi]), array("q", sp.end[lo:hi])
@@ -674,11 +669,11 @@ def _local(
     ss = array("q", (sp.start[i] for i in steps))
     se = array("q", (sp.end[i] for i in steps))
     st = array("q", (sp.track[i] for i in steps))
-    cover = dbk.cover_spans(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
+    cover = dbk.cover_columns(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
     # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
     cut = array("q", [ss[skip]] if skip and len(ss) > skip else [])
     e = array("q")
-    ck, cn, *_ = dbk.nest_spans(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+    ck, cn = dbk.nest_keys(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
     kept = 1 if len(cut) else 0
     children = {n * stride + slot: c for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept}
     return cover, children
@@ -689,7 +684,7 @@ def _breakdown(
     steps: Steps,
     step_idx: dict[int, list[int]],
     rows: list[list[int]],
-    covers: list[tuple[list[int], list[int], list[int]]],
+    covers: list[tuple[Sequence[int], Sequence[int], Sequence[int]]],
     cover_spans: list[list[int]],
     collectives: Collectives | None,
     colls: set[int],
@@ -726,13 +721,17 @@ def _breakdown(
         mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
         mine += cover_spans[s]
         ct, cs, ce = covers[s]
+        if mine:
+            cs = array("q", chain(map(start.__getitem__, mine), cs))
+            ce = array("q", chain(map(end.__getitem__, mine), ce))
+            ct = array("q", chain(map(track.__getitem__, mine), ct))
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
-            [*map(start.__getitem__, mine), *cs],
-            [*map(end.__getitem__, mine), *ce],
-            [*map(track.__getitem__, mine), *ct],
-            [*map(colls.__contains__, mine), *repeat(False, len(ct))],
+            cs,  # the cover alone (a whole trace of one rank): its columns, not copies
+            ce,
+            ct,
+            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine)))),  # one byte a span
             (transfers[r][0], transfers[r][1]),
             steps.wait_ns[r],
         )
@@ -745,7 +744,7 @@ def _breakdown(
     )
 
 
-def _launch_lags(trace: Trace, steps: Steps, own: list[list[int]]) -> Steps:
+def _launch_lags(trace: Trace, steps: Steps, own: list[Sequence[int]]) -> Steps:
     """`steps` with each rank's launch lags, from the host entry times of its CUDA spans."""
     sp = trace.spans
     entry = sp.entry
@@ -754,7 +753,7 @@ def _launch_lags(trace: Trace, steps: Steps, own: list[list[int]]) -> Steps:
     slot = {r: s for s, r in enumerate(trace.ranks)}
     lag: dict[int, list[int | None]] = {}
     for r in steps.ranks:
-        idx = sorted(own[slot[r]])
+        idx = own[slot[r]]  # ascending
         pairs = [(entry[i], sp.start[i]) for i in idx if entry[i] > 0 and cuda[sp.track[i]]]
         lag[r] = bd.launch_lags(steps.start_ns[r], steps.end_ns[r], pairs)
     return dataclasses.replace(steps, launch_lag_ns=lag)

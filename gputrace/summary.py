@@ -17,8 +17,10 @@ import dataclasses
 import glob
 import os
 import warnings
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import compress
 from typing import Any
 
 from gputrace import stats
@@ -126,6 +128,34 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
         out.append(d)
     out += [read(p) for p in inputs.lone]
     return out
+
+
+def _digest_beside(task: tuple[str, str]) -> bool:
+    """(A worker's task) the digest of the trace at `task[0]`, steps marked by `task[1]`,
+    written beside it; False where it cannot be written there (a read-only folder)."""
+    path, step_name = task
+    doc = from_trace(registry.read(path), step_name, path)
+    try:
+        digestfile.write(doc, digest_path(path))
+    except OSError:
+        return False
+    return True
+
+
+def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> Inputs:
+    """The digests of the per-rank trace files that have none beside them, made from the traces
+    in worker processes (`merge.pool`, ranks in parallel) and written beside them as the
+    recorder would have (the next summary or view reads them, not the traces); the inputs found
+    again. A folder that cannot take a digest leaves its trace to `collect`."""
+    from gputrace.merge import pool
+
+    todo = [t for t in inputs.traces if t not in inputs.digests and TRACE_NAME.match(os.path.basename(t))]
+    if not todo:
+        return inputs
+    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    for _ in pool.ordered(_digest_beside, [(t, step_name) for t in todo], n, 2 * n):
+        pass
+    return find(inputs.traces + inputs.lone)
 
 
 def step_names(inputs: Inputs) -> set[str]:
@@ -251,17 +281,18 @@ def _drop_cover(trace: Trace) -> None:
     """The digests' cover spans out of the merged trace: they were for the breakdown only, not
     spans of the run (the trace returned is the step and collective spans)."""
     sp = trace.spans
-    keep = [i for i, a in enumerate(sp.args) if not (a and a.get("cover"))]
-    if len(keep) == len(sp):
+    keep = [not (a and a.get("cover")) for a in sp.args]
+    if all(keep):
         return
     out = SpanColumns()
-    out.extend(
-        [sp.name[i] for i in keep],
-        [sp.track[i] for i in keep],
-        [sp.start[i] for i in keep],
-        [sp.end[i] for i in keep],
-        [sp.args[i] for i in keep],
-        [sp.cat[i] for i in keep],
+    # Whole columns at a time: array(compress(...)) builds no list of the kept values.
+    out.name = array("l", compress(sp.name, keep))
+    out.track = array("l", compress(sp.track, keep))
+    out.start = array("q", compress(sp.start, keep))
+    out.end = array("q", compress(sp.end, keep))
+    out.args = list(compress(sp.args, keep))
+    out.cat = (
+        list(compress(sp.cat, keep)) if type(sp.cat) is list else [sp.cat[0] if len(sp) else None] * len(out.start)
     )
     trace.spans = out
 

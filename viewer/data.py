@@ -127,6 +127,7 @@ def document(
         except KeyError:
             labels.append(f"rank {r}")
     inputs = [shown_text(str(p)) for p in inputs]
+    refs = _refs(summary.steps)
     return {
         "format": FORMAT,
         "title": title or _title(inputs, ranks),
@@ -137,7 +138,7 @@ def document(
         "duration_ns": (rng[1] - rng[0]) if rng else 0,
         "spans": len(trace.spans),
         "step_name": step,
-        "steps": _steps(summary.steps, slot, base),
+        "steps": _steps(summary.steps, slot, base, refs),
         "collectives": _collectives(summary.collectives, slot, base),
         "stats": {
             "columns": list(STAT_COLUMNS),
@@ -150,7 +151,7 @@ def document(
         "alignment": _alignment(trace, ranks),
         "timeline": _timeline(trace, summary.steps, base),
         "pids": [_pid(trace, r) for r in ranks],
-        "worst": _worst(summary.steps, slot),
+        "worst": _worst(summary.steps, slot, refs),
         "phases": findings.phases(summary.steps, trace if len(trace.spans) else None)
         if summary.steps is not None
         else [],
@@ -158,16 +159,23 @@ def document(
     }
 
 
-def _worst(st: stats.Steps | None, slot: dict[int, int]) -> list[dict[str, Any]]:
+def _refs(st: stats.Steps | None) -> dict[int, list[int]]:
+    """Per rank (with busy times) and step, the other ranks' median busy time (what the heatmap
+    compares a cell with), computed once for the steps and the worst steps."""
+    if st is None:
+        return {}
+    ranks = [r for r in st.ranks if r in st.busy_ns]
+    return dict(zip(ranks, findings.others_median([st.busy_ns[r][: st.count] for r in ranks])))
+
+
+def _worst(st: stats.Steps | None, slot: dict[int, int], refs: dict[int, list[int]]) -> list[dict[str, Any]]:
     """The worst steps, each also against the other ranks' median (`ref_ns`, `ref_pct`): the
     number the heatmap shows, which a median over two ranks would halve."""
     if st is None:
         return []
-    ranks = [r for r in st.ranks if r in st.busy_ns]
-    ref = dict(zip(ranks, findings.others_median([st.busy_ns[r][: st.count] for r in ranks])))
     out = findings.worst_steps(st)
     for w in out:
-        v = ref[w["rank"]][w["k"]] if w["rank"] in ref else w["median_ns"]
+        v = refs[w["rank"]][w["k"]] if w["rank"] in refs else w["median_ns"]
         w["ref_ns"] = v
         w["ref_pct"] = 100.0 * (w["busy_ns"] - v) / v if v else None
     return out
@@ -222,12 +230,23 @@ def digest_view(
     """`from_digests`'s document as `split` gives it (its small keys, the rest encoded), ready to
     serve. It is kept beside the digests (`cache`): the next view of the same files reads it
     back, neither digests nor traces."""
-    from gputrace.summary import DIGEST_MIN_RANKS, collect, find
+    from gputrace.errors import GputraceError
+    from gputrace.summary import DIGEST_MIN_RANKS, collect, find, make_digests
 
     from . import cache
 
     found = find(paths)
-    if not found.traces or not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
+    if not found.traces:
+        return None
+    if not found.complete and len(found.traces) > 1 and _large(found.traces):
+        # Large traces of many ranks without their digests (copied without them, or written by
+        # an older gputrace): each rank's digest is made from its trace, ranks in parallel, and
+        # written beside it; this view and the next are drawn from them.
+        try:
+            found = make_digests(found, step)
+        except GputraceError:
+            return None  # not per-rank gputrace traces: read them whole (which says what is wrong)
+    if not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
         return None
     inputs = list(inputs)
     options = {"step": step, "skip_steps": skip_steps, "require_step": require_step, "format": FORMAT}
@@ -387,7 +406,9 @@ def _rel(values: Sequence[int], base: int) -> list[int]:
     return [v - base for v in values]
 
 
-def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str, Any] | None:
+def _steps(
+    st: stats.Steps | None, slot: dict[int, int], base: int, refs: dict[int, list[int]]
+) -> dict[str, Any] | None:
     if st is None:
         return None
     n = len(slot)
@@ -413,11 +434,7 @@ def _steps(st: stats.Steps | None, slot: dict[int, int], base: int) -> dict[str,
         "median": list(st.median_busy_ns[: st.count]),
         # What each cell is compared with: the median of the other ranks (with two ranks, the
         # other one), so a rank's own time does not pull its reference towards it.
-        "ref": _per_slot_lists(
-            findings.others_median([st.busy_ns[r][: st.count] for r in st.ranks if r in st.busy_ns]),
-            [r for r in st.ranks if r in st.busy_ns],
-            slot,
-        ),
+        "ref": _per_slot_lists(list(refs.values()), list(refs), slot),
         "verdict": {
             "slot": [slot.get(v.rank, -1) for v in verdicts],
             "margin_ns": [v.margin_ns for v in verdicts],
@@ -501,9 +518,10 @@ def _collectives(co: stats.Collectives | None, slot: dict[int, int], base: int) 
 
     def column(per: str, r: int, shift: int) -> list[int | None]:
         # One rank's value in every occurrence (None where it did not take part).
+        got = map(dict.get, by_field[per], repeat(r))  # C-level: 64 ranks x 10k occurrences stay cheap
         if not shift:
-            return [d.get(r) for d in by_field[per]]
-        return [None if (t := d.get(r)) is None else t - shift for d in by_field[per]]
+            return list(got)
+        return [None if t is None else t - shift for t in got]
 
     per = {r: co.per_rank.get(r) for r in slot}
     return {

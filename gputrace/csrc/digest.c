@@ -473,6 +473,17 @@ static int sort_spans(Py_ssize_t *idx, Py_ssize_t m, const Cols *c, int (*cmp)(c
     return 0;
 }
 
+static PyObject *tuple_of_bytes(Vec *v, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(v[i].n ? (const char *)v[i].v : "", v[i].n * 8);
+        if (!b) { Py_DECREF(t); return NULL; }
+        PyTuple_SetItem(t, i, b);
+    }
+    return t;
+}
+
 static PyObject *tuple_of_vecs(Vec *v, int n) {
     PyObject *t = PyTuple_New(n);
     if (!t) return NULL;
@@ -485,7 +496,8 @@ static PyObject *tuple_of_vecs(Vec *v, int n) {
 }
 
 PyDoc_STRVAR(digest_cover_doc,
-             "digest_cover(names, tracks, starts, ends, skip, row_mask, step_starts, step_ends, step_tracks, /)\n--\n\n"
+             "digest_cover(names, tracks, starts, ends, skip, row_mask, step_starts, step_ends, step_tracks,\n"
+             "             as_bytes=False, /)\n--\n\n"
              "digest_breakdown._cover_py: the union per track of the spans not set in skip, not of a row\n"
              "name, not other tools', not empty or inverted, and not a step's ancestor: (tracks, starts, ends)\n"
              "of disjoint intervals, by track then start.");
@@ -493,7 +505,9 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
     PyObject *names, *tracks, *starts, *ends, *skipo, *sso, *seo, *sto;
     const char *mask;
     Py_ssize_t nmask;
-    if (!PyArg_ParseTuple(args, "OOOOOy#OOO", &names, &tracks, &starts, &ends, &skipo, &mask, &nmask, &sso, &seo, &sto))
+    int as_bytes = 0; /* the three columns as bytes of int64, not lists (stats: 8 bytes an interval) */
+    if (!PyArg_ParseTuple(args, "OOOOOy#OOO|p", &names, &tracks, &starts, &ends, &skipo, &mask, &nmask, &sso, &seo, &sto,
+                          &as_bytes))
         return NULL;
     Cols c;
     Col ss = {0}, se = {0}, st = {0};
@@ -525,6 +539,43 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
         p[m++] = i;
     }
     if (sort_spans(p, m, &c, cover_cmp) < 0) goto out;
+    if (as_bytes) { /* counted first, then written to bytes of their exact size */
+        Py_ssize_t nout = 0;
+        long long lt = 0, le = 0;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            Py_ssize_t i = p[k];
+            if (nout && lt == c.track[i] && c.start[i] <= le) {
+                if (c.end[i] > le) le = c.end[i];
+            } else {
+                nout++;
+                lt = c.track[i];
+                le = c.end[i];
+            }
+        }
+        PyObject *b[3] = {NULL, NULL, NULL};
+        long long *w[3];
+        for (int j = 0; j < 3; j++) {
+            if (!(b[j] = PyBytes_FromStringAndSize(NULL, nout * 8))) break;
+            w[j] = (long long *)PyBytes_AsString(b[j]);
+        }
+        if (b[2]) {
+            Py_ssize_t o = 0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                Py_ssize_t i = p[k];
+                if (o && w[0][o - 1] == c.track[i] && c.start[i] <= w[2][o - 1]) {
+                    if (c.end[i] > w[2][o - 1]) w[2][o - 1] = c.end[i];
+                } else {
+                    w[0][o] = c.track[i];
+                    w[1][o] = c.start[i];
+                    w[2][o] = c.end[i];
+                    o++;
+                }
+            }
+            result = PyTuple_Pack(3, b[0], b[1], b[2]);
+        }
+        for (int j = 0; j < 3; j++) Py_XDECREF(b[j]);
+        goto out;
+    }
     for (Py_ssize_t k = 0; k < m; k++) {
         Py_ssize_t n = out[0].n, i = p[k];
         long long t = c.track[i], s = c.start[i], e = c.end[i];
@@ -534,7 +585,7 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
             goto out;
         }
     }
-    result = tuple_of_vecs(out, 3);
+    result = as_bytes ? tuple_of_bytes(out, 3) : tuple_of_vecs(out, 3);
 out:
     cols_free(&c);
     Py_XDECREF(ss.keep);
@@ -547,15 +598,16 @@ out:
 
 PyDoc_STRVAR(digest_nest_doc,
              "digest_nest(names, tracks, starts, ends, skip, step_starts, bucket, nb, carry_tracks, carry_starts,\n"
-             "            carry_ends, floor, /)\n--\n\n"
+             "            carry_ends, floor, lean=False, /)\n--\n\n"
              "digest_breakdown._nest_py: per key, the time its spans' children took; the spans not yet taken\n"
              "after the batch; the spans that took every carried span of their track and start at or before\n"
              "floor[track]. NotImplemented where a sum would pass 2^63.");
 static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
     PyObject *names, *tracks, *starts, *ends, *skipo, *steps, *cto, *cso, *ceo, *flo;
     long bucket, nb;
-    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
-                          &cso, &ceo, &flo))
+    int lean = 0; /* the keys' children's time only: no spans left untaken (stats reads a whole rank at once) */
+    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO|p", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
+                          &cso, &ceo, &flo, &lean))
         return NULL;
     Cols c;
     Col sb = {0}, ct = {0}, cs = {0}, ce = {0}, fl = {0};
@@ -598,6 +650,7 @@ static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
         long long t = a < m ? c.track[order[a]] : LLONG_MAX;
         /* carried tracks before this one pass through */
         while (cp < ct.n && ct.v[cp] < t) {
+            if (lean) { cp++; continue; }
             if (vec_push(&out[2], ct.v[cp]) < 0 || vec_push(&out[3], cs.v[cp]) < 0 || vec_push(&out[4], ce.v[cp]) < 0)
                 goto out;
             cp++;
@@ -632,7 +685,7 @@ static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
             }
             if (vec_push(&ss, s) < 0 || vec_push(&se, c.end[i]) < 0) goto out;
         }
-        for (Py_ssize_t j = 0; j < ss.n; j++)
+        for (Py_ssize_t j = 0; j < ss.n && !lean; j++)
             if (vec_push(&out[2], t) < 0 || vec_push(&out[3], ss.v[j]) < 0 || vec_push(&out[4], se.v[j]) < 0) goto out;
     }
     result = tuple_of_vecs(out, 8);
@@ -673,11 +726,12 @@ static PyObject *pair_of_vecs(Vec *a, Vec *b) {
 }
 
 PyDoc_STRVAR(interval_union_doc,
-             "interval_union(starts, ends, /)\n--\n\n"
+             "interval_union(starts, ends, as_bytes=False, /)\n--\n\n"
              "breakdown.union: the union of [start, end) intervals as sorted, disjoint (starts, ends).");
 static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
     PyObject *so, *eo;
-    if (!PyArg_ParseTuple(args, "OO", &so, &eo)) return NULL;
+    int as_bytes = 0; /* (starts, ends) as bytes of int64, not lists */
+    if (!PyArg_ParseTuple(args, "OO|p", &so, &eo, &as_bytes)) return NULL;
     Col a = {0}, b = {0};
     Iv *v = NULL;
     Vec us = {0}, ue = {0};
@@ -699,6 +753,29 @@ static PyObject *hot_interval_union(PyObject *self, PyObject *args) {
         m++;
     }
     if (!sorted) qsort(v, (size_t)m, sizeof(Iv), iv_cmp);
+    if (as_bytes) { /* merged in place, then written to bytes of their exact size: 32 bytes an interval at most */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (k && v[i].s <= v[k - 1].e) {
+                if (v[i].e > v[k - 1].e) v[k - 1].e = v[i].e;
+            } else {
+                v[k++] = v[i];
+            }
+        }
+        PyObject *bs = PyBytes_FromStringAndSize(NULL, k * 8);
+        PyObject *be = bs ? PyBytes_FromStringAndSize(NULL, k * 8) : NULL;
+        if (be) {
+            long long *ps = (long long *)PyBytes_AsString(bs), *pe = (long long *)PyBytes_AsString(be);
+            for (Py_ssize_t i = 0; i < k; i++) {
+                ps[i] = v[i].s;
+                pe[i] = v[i].e;
+            }
+            result = PyTuple_Pack(2, bs, be);
+        }
+        Py_XDECREF(bs);
+        Py_XDECREF(be);
+        goto out;
+    }
     for (Py_ssize_t i = 0; i < m; i++) {
         if (us.n && v[i].s <= ue.v[ue.n - 1]) {
             if (v[i].e > ue.v[ue.n - 1]) ue.v[ue.n - 1] = v[i].e;

@@ -1,0 +1,258 @@
+/* The statistics' per-span loops (gputrace/stats_columns.py holds their Python twins, the
+ * reference and the fallback): grouping a trace's spans by (name, rank slot) into one index
+ * column, and sorted durations of a set of spans. Results are bytes of int64 (or of one byte a
+ * span), which the Python side turns into array.array columns. */
+#include "hot.h"
+
+static PyObject *s_unfinished, *s_cover, *s_collective;
+
+/* int64 key -> group number, open addressing; groups are numbered in order of first sight. */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *vals;
+    Py_ssize_t cap, used;
+} KeyMap;
+
+static int km_init(KeyMap *m, Py_ssize_t cap) {
+    m->cap = cap;
+    m->used = 0;
+    m->keys = PyMem_Malloc(sizeof(long long) * (size_t)cap);
+    m->vals = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+    if (!m->keys || !m->vals) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < cap; i++) m->vals[i] = -1;
+    return 0;
+}
+
+static void km_free(KeyMap *m) {
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static Py_ssize_t km_slot(const KeyMap *m, long long key) {
+    unsigned long long h = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
+    Py_ssize_t i = (Py_ssize_t)(h >> 20) & (m->cap - 1);
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+/* The group of `key`, numbered `m->used` when new; -1 on error. */
+static Py_ssize_t km_group(KeyMap *m, long long key) {
+    Py_ssize_t i = km_slot(m, key);
+    if (m->vals[i] >= 0) return m->vals[i];
+    if (2 * (m->used + 1) > m->cap) {
+        KeyMap bigger;
+        if (km_init(&bigger, 2 * m->cap) < 0) { km_free(&bigger); return -1; }
+        for (Py_ssize_t j = 0; j < m->cap; j++)
+            if (m->vals[j] >= 0) {
+                Py_ssize_t k = km_slot(&bigger, m->keys[j]);
+                bigger.keys[k] = m->keys[j];
+                bigger.vals[k] = m->vals[j];
+            }
+        bigger.used = m->used;
+        km_free(m);
+        *m = bigger;
+        i = km_slot(m, key);
+    }
+    m->keys[i] = key;
+    m->vals[i] = m->used;
+    return m->used++;
+}
+
+/* a.get(key) for a span's args (a dict, or anything with get()); a new reference or NULL. */
+static PyObject *args_get(PyObject *a, PyObject *key) {
+    if (PyDict_Check(a)) {
+        PyObject *v = PyDict_GetItemWithError(a, key);
+        if (v) Py_INCREF(v);
+        else if (!PyErr_Occurred()) { Py_INCREF(Py_None); v = Py_None; }
+        return v;
+    }
+    return PyObject_CallMethod(a, "get", "O", key);
+}
+
+
+/* A new bytes object of n int64 items to fill in place (no second copy of a column). */
+static PyObject *new_int64s(Py_ssize_t n, long long **items) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (b) *items = (long long *)PyBytes_AsString(b);
+    return b;
+}
+
+PyDoc_STRVAR(stats_groups_doc,
+             "stats_groups(names, tracks, args, slot_of_track, stride, /)\n--\n\n"
+             "stats_columns._groups_py: (order, keys, bounds, marked, own, own_bounds) as bytes.");
+static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
+    PyObject *no, *to, *args, *so;
+    long long stride;
+    if (!PyArg_ParseTuple(py_args, "OOOOL", &no, &to, &args, &so, &stride)) return NULL;
+    PyObject *kn = NULL, *kt = NULL, *ks = NULL, *result = NULL;
+    PyObject *order_b = NULL, *keys_b = NULL, *bounds_b = NULL, *marked_b = NULL, *own_b = NULL, *own_bounds_b = NULL;
+    Py_ssize_t *grp = NULL, *cnt = NULL;
+    long long *gkeys = NULL, *bounds = NULL, *own_bounds = NULL, *order = NULL, *own = NULL, *at = NULL;
+    char *marked = NULL;
+    KeyMap km = {0};
+    Py_ssize_t n, nt, ns, ng = 0;
+    const long long *name = gt_column_items(no, &n, &kn);
+    if (!name) goto out;
+    const long long *track = gt_column_items(to, &nt, &kt);
+    if (!track) goto out;
+    const long long *slot = gt_column_items(so, &ns, &ks);
+    if (!slot) goto out;
+    if (nt != n || !PyList_Check(args) || PyList_Size(args) != n || stride < 1) {
+        PyErr_SetString(PyExc_ValueError, "stats_groups: columns of different lengths");
+        goto out;
+    }
+    grp = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    if (!grp) { PyErr_NoMemory(); goto out; }
+    if (!(marked_b = PyBytes_FromStringAndSize(NULL, n))) goto out;
+    marked = PyBytes_AsString(marked_b);
+    if (km_init(&km, 64) < 0) goto out;
+    /* Each span's key, and its group (numbered in order of first sight). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (track[i] < 0 || track[i] >= ns) {
+            PyErr_SetString(PyExc_IndexError, "stats_groups: a span's track is not in slot_of_track");
+            goto out;
+        }
+        long long s = slot[track[i]], key = name[i] * stride + s;
+        marked[i] = 0;
+        PyObject *a = PyList_GetItem(args, i);
+        if (!a) goto out;
+        if (a != Py_None) {
+            int t = PyObject_IsTrue(a);
+            if (t < 0) goto out;
+            if (t) {
+                PyObject *v = args_get(a, s_unfinished);
+                if (!v) goto out;
+                t = PyObject_IsTrue(v);
+                Py_DECREF(v);
+                if (t < 0) goto out;
+                if (t) {
+                    key = -1 - s;
+                } else {
+                    v = args_get(a, s_cover);
+                    if (!v) goto out;
+                    t = PyObject_IsTrue(v);
+                    Py_DECREF(v);
+                    if (t < 0) goto out;
+                    if (t) key = -1 - stride - s;
+                }
+                v = args_get(a, s_collective);
+                if (!v) goto out;
+                if (v != Py_None) {
+                    t = PyObject_IsTrue(v);
+                    if (t < 0) { Py_DECREF(v); goto out; }
+                    marked[i] = t ? 2 : 1;
+                }
+                Py_DECREF(v);
+            }
+        }
+        if ((grp[i] = km_group(&km, key)) < 0) goto out;
+    }
+    ng = km.used;
+    /* The groups' keys, each key's group number being its place in order of first sight. */
+    cnt = PyMem_Calloc((size_t)ng + 1, sizeof(Py_ssize_t));
+    if (!cnt) { PyErr_NoMemory(); goto out; }
+    if (!(keys_b = new_int64s(ng, &gkeys)) || !(bounds_b = new_int64s(ng + 1, &bounds))) goto out;
+    for (Py_ssize_t j = 0; j < km.cap; j++)
+        if (km.vals[j] >= 0) gkeys[km.vals[j]] = km.keys[j];
+    for (Py_ssize_t i = 0; i < n; i++) cnt[grp[i]]++;
+    bounds[0] = 0;
+    for (Py_ssize_t g = 0; g < ng; g++) bounds[g + 1] = bounds[g] + cnt[g];
+    memset(cnt, 0, sizeof(Py_ssize_t) * ((size_t)ng + 1));
+    if (!(order_b = new_int64s(n, &order))) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t g = grp[i];
+        order[bounds[g] + cnt[g]++] = i;
+    }
+    /* Each rank slot's spans that are in a group of its own (finished, not a cover, not another
+     * process's: key >= 0 and key % stride != stride - 1), in order. */
+    if (!(own_bounds_b = new_int64s(stride + 1, &own_bounds))) goto out;
+    memset(own_bounds, 0, sizeof(long long) * ((size_t)stride + 1));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long k = gkeys[grp[i]];
+        if (k >= 0 && k % stride != stride - 1) own_bounds[k % stride + 1]++;
+    }
+    for (long long s = 0; s < stride; s++) own_bounds[s + 1] += own_bounds[s];
+    at = PyMem_Malloc(sizeof(long long) * ((size_t)stride + 1));
+    if (!at) { PyErr_NoMemory(); goto out; }
+    memcpy(at, own_bounds, sizeof(long long) * ((size_t)stride + 1));
+    if (!(own_b = new_int64s((Py_ssize_t)own_bounds[stride], &own))) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long k = gkeys[grp[i]];
+        if (k >= 0 && k % stride != stride - 1) own[at[k % stride]++] = i;
+    }
+    result = PyTuple_Pack(6, order_b, keys_b, bounds_b, marked_b, own_b, own_bounds_b);
+out:
+    Py_XDECREF(kn);
+    Py_XDECREF(kt);
+    Py_XDECREF(ks);
+    Py_XDECREF(order_b);
+    Py_XDECREF(keys_b);
+    Py_XDECREF(bounds_b);
+    Py_XDECREF(marked_b);
+    Py_XDECREF(own_b);
+    Py_XDECREF(own_bounds_b);
+    km_free(&km);
+    PyMem_Free(grp);
+    PyMem_Free(cnt);
+    PyMem_Free(at);
+    return result;
+}
+
+static int q_cmp(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : (x > y);
+}
+
+PyDoc_STRVAR(stats_sorted_durations_doc,
+             "stats_sorted_durations(starts, ends, idx, /)\n--\n\n"
+             "stats_columns._sorted_durations_py: end - start of the spans `idx`, ascending, as bytes.");
+static PyObject *hot_stats_sorted_durations(PyObject *self, PyObject *py_args) {
+    PyObject *so, *eo, *io;
+    if (!PyArg_ParseTuple(py_args, "OOO", &so, &eo, &io)) return NULL;
+    PyObject *ks = NULL, *ke = NULL, *ki = NULL, *result = NULL;
+    long long *d = NULL;
+    Py_ssize_t n, ne, m;
+    const long long *s = gt_column_items(so, &n, &ks);
+    if (!s) goto out;
+    const long long *e = gt_column_items(eo, &ne, &ke);
+    if (!e) goto out;
+    const long long *idx = gt_column_items(io, &m, &ki);
+    if (!idx) goto out;
+    if (ne != n) {
+        PyErr_SetString(PyExc_ValueError, "stats_sorted_durations: columns of different lengths");
+        goto out;
+    }
+    if (!(result = new_int64s(m, &d))) goto out;
+    int sorted = 1;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        long long i = idx[j];
+        if (i < 0 || i >= n) {
+            PyErr_SetString(PyExc_IndexError, "stats_sorted_durations: a span index out of range");
+            Py_CLEAR(result);
+            goto out;
+        }
+        d[j] = e[i] - s[i];
+        if (j && d[j - 1] > d[j]) sorted = 0;
+    }
+    if (!sorted) qsort(d, (size_t)m, sizeof(long long), q_cmp);
+out:
+    Py_XDECREF(ks);
+    Py_XDECREF(ke);
+    Py_XDECREF(ki);
+    return result;
+}
+
+static PyMethodDef stats_methods[] = {
+    {"stats_groups", hot_stats_groups, METH_VARARGS, stats_groups_doc},
+    {"stats_sorted_durations", hot_stats_sorted_durations, METH_VARARGS, stats_sorted_durations_doc},
+    {NULL},
+};
+
+int gt_stats_init(PyObject *m) {
+    if (!(s_unfinished = PyUnicode_InternFromString("unfinished")) || !(s_cover = PyUnicode_InternFromString("cover")) ||
+        !(s_collective = PyUnicode_InternFromString("collective")))
+        return -1;
+    return PyModule_AddFunctions(m, stats_methods);
+}
