@@ -41,62 +41,6 @@ const void *gt_column_items(PyObject *col, Py_ssize_t *n, PyObject **keep) {
     return PyBytes_AsString(b);
 }
 
-/* int64 -> index, open addressing (the (name, warm-up bucket) keys and histogram cells of one
- * chunk: few, whatever the chunk's length). */
-typedef struct {
-    long long *keys;
-    Py_ssize_t *vals;
-    Py_ssize_t cap, used;
-} I64Map;
-
-static int map_init(I64Map *m, Py_ssize_t cap) {
-    m->cap = cap;
-    m->used = 0;
-    m->keys = PyMem_Malloc(sizeof(long long) * (size_t)cap);
-    m->vals = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
-    if (!m->keys || !m->vals) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < cap; i++) m->vals[i] = -1;
-    return 0;
-}
-
-static void map_free(I64Map *m) {
-    PyMem_Free(m->keys);
-    PyMem_Free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
-}
-
-static Py_ssize_t map_slot(const I64Map *m, long long key) {
-    unsigned long long h = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
-    Py_ssize_t i = (Py_ssize_t)(h >> 20) & (m->cap - 1);
-    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
-    return i;
-}
-
-/* The index of `key`, given `next` (the number of keys so far) when it is new; -1 on error. */
-static Py_ssize_t map_index(I64Map *m, long long key, Py_ssize_t next) {
-    Py_ssize_t i = map_slot(m, key);
-    if (m->vals[i] >= 0) return m->vals[i];
-    if (2 * (m->used + 1) > m->cap) {
-        I64Map bigger;
-        if (map_init(&bigger, 2 * m->cap) < 0) { map_free(&bigger); return -1; }
-        for (Py_ssize_t j = 0; j < m->cap; j++)
-            if (m->vals[j] >= 0) {
-                Py_ssize_t k = map_slot(&bigger, m->keys[j]);
-                bigger.keys[k] = m->keys[j];
-                bigger.vals[k] = m->vals[j];
-            }
-        bigger.used = m->used;
-        map_free(m);
-        *m = bigger;
-        i = map_slot(m, key);
-    }
-    m->keys[i] = key;
-    m->vals[i] = next;
-    m->used++;
-    return next;
-}
-
 /* Columns as C arrays of 8-byte integers: names and tracks are array("l"), starts and ends
  * array("q"), all n long (where a long is 4 bytes the C loops step aside: see cols_read). */
 typedef struct {

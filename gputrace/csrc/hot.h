@@ -157,6 +157,62 @@ const void *gt_column_items(PyObject *col, Py_ssize_t *n, PyObject **keep);
 /* A tuple of (what, attribute) pairs from a FIELDS list (module.c): the layouts' Python side. */
 PyObject *gt_layout_pairs(const char *(*fields)[2], Py_ssize_t n);
 
+/* int64 -> index, open addressing, doubling as it fills (the digest's keys and histogram cells,
+ * the statistics' (name, rank) groups). */
+typedef struct {
+    long long *keys;
+    Py_ssize_t *vals;
+    Py_ssize_t cap, used;
+} I64Map;
+
+static inline int map_init(I64Map *m, Py_ssize_t cap) {
+    m->cap = cap;
+    m->used = 0;
+    m->keys = PyMem_Malloc(sizeof(long long) * (size_t)cap);
+    m->vals = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+    if (!m->keys || !m->vals) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < cap; i++) m->vals[i] = -1;
+    return 0;
+}
+
+static inline void map_free(I64Map *m) {
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static inline Py_ssize_t map_slot(const I64Map *m, long long key) {
+    unsigned long long h = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
+    Py_ssize_t i = (Py_ssize_t)(h >> 20) & (m->cap - 1);
+    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+/* The index of `key`, given `next` (the number of keys so far) when it is new; -1 on error. */
+static inline Py_ssize_t map_index(I64Map *m, long long key, Py_ssize_t next) {
+    Py_ssize_t i = map_slot(m, key);
+    if (m->vals[i] >= 0) return m->vals[i];
+    if (2 * (m->used + 1) > m->cap) {
+        I64Map bigger;
+        if (map_init(&bigger, 2 * m->cap) < 0) { map_free(&bigger); return -1; }
+        for (Py_ssize_t j = 0; j < m->cap; j++)
+            if (m->vals[j] >= 0) {
+                Py_ssize_t k = map_slot(&bigger, m->keys[j]);
+                bigger.keys[k] = m->keys[j];
+                bigger.vals[k] = m->vals[j];
+            }
+        bigger.used = m->used;
+        map_free(m);
+        *m = bigger;
+        i = map_slot(m, key);
+    }
+    m->keys[i] = key;
+    m->vals[i] = next;
+    m->used++;
+    return next;
+}
+
 /* Each stage adds its functions and types to the module (0, or -1 with an exception set);
  * gt_span_init first: the others use its types. */
 int gt_span_init(PyObject *m);

@@ -6,60 +6,6 @@
 
 static PyObject *s_unfinished, *s_cover, *s_collective;
 
-/* int64 key -> group number, open addressing; groups are numbered in order of first sight. */
-typedef struct {
-    long long *keys;
-    Py_ssize_t *vals;
-    Py_ssize_t cap, used;
-} KeyMap;
-
-static int km_init(KeyMap *m, Py_ssize_t cap) {
-    m->cap = cap;
-    m->used = 0;
-    m->keys = PyMem_Malloc(sizeof(long long) * (size_t)cap);
-    m->vals = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
-    if (!m->keys || !m->vals) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t i = 0; i < cap; i++) m->vals[i] = -1;
-    return 0;
-}
-
-static void km_free(KeyMap *m) {
-    PyMem_Free(m->keys);
-    PyMem_Free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
-}
-
-static Py_ssize_t km_slot(const KeyMap *m, long long key) {
-    unsigned long long h = (unsigned long long)key * 0x9E3779B97F4A7C15ull;
-    Py_ssize_t i = (Py_ssize_t)(h >> 20) & (m->cap - 1);
-    while (m->vals[i] >= 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
-    return i;
-}
-
-/* The group of `key`, numbered `m->used` when new; -1 on error. */
-static Py_ssize_t km_group(KeyMap *m, long long key) {
-    Py_ssize_t i = km_slot(m, key);
-    if (m->vals[i] >= 0) return m->vals[i];
-    if (2 * (m->used + 1) > m->cap) {
-        KeyMap bigger;
-        if (km_init(&bigger, 2 * m->cap) < 0) { km_free(&bigger); return -1; }
-        for (Py_ssize_t j = 0; j < m->cap; j++)
-            if (m->vals[j] >= 0) {
-                Py_ssize_t k = km_slot(&bigger, m->keys[j]);
-                bigger.keys[k] = m->keys[j];
-                bigger.vals[k] = m->vals[j];
-            }
-        bigger.used = m->used;
-        km_free(m);
-        *m = bigger;
-        i = km_slot(m, key);
-    }
-    m->keys[i] = key;
-    m->vals[i] = m->used;
-    return m->used++;
-}
-
 /* a.get(key) for a span's args (a dict, or anything with get()); a new reference or NULL. */
 static PyObject *args_get(PyObject *a, PyObject *key) {
     if (PyDict_Check(a)) {
@@ -91,7 +37,7 @@ static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
     Py_ssize_t *grp = NULL, *cnt = NULL;
     long long *gkeys = NULL, *bounds = NULL, *own_bounds = NULL, *order = NULL, *own = NULL, *at = NULL;
     char *marked = NULL;
-    KeyMap km = {0};
+    I64Map km = {0};
     Py_ssize_t n, nt, ns, ng = 0;
     const long long *name = gt_column_items(no, &n, &kn);
     if (!name) goto out;
@@ -107,7 +53,7 @@ static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
     if (!grp) { PyErr_NoMemory(); goto out; }
     if (!(marked_b = PyBytes_FromStringAndSize(NULL, n))) goto out;
     marked = PyBytes_AsString(marked_b);
-    if (km_init(&km, 64) < 0) goto out;
+    if (map_init(&km, 64) < 0) goto out;
     /* Each span's key, and its group (numbered in order of first sight). */
     for (Py_ssize_t i = 0; i < n; i++) {
         if (track[i] < 0 || track[i] >= ns) {
@@ -147,7 +93,7 @@ static PyObject *hot_stats_groups(PyObject *self, PyObject *py_args) {
                 Py_DECREF(v);
             }
         }
-        if ((grp[i] = km_group(&km, key)) < 0) goto out;
+        if ((grp[i] = map_index(&km, key, km.used)) < 0) goto out;
     }
     ng = km.used;
     /* The groups' keys, each key's group number being its place in order of first sight. */
@@ -193,7 +139,7 @@ out:
     Py_XDECREF(marked_b);
     Py_XDECREF(own_b);
     Py_XDECREF(own_bounds_b);
-    km_free(&km);
+    map_free(&km);
     PyMem_Free(grp);
     PyMem_Free(cnt);
     PyMem_Free(at);
