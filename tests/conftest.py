@@ -188,3 +188,37 @@ def twins_restored() -> Iterator[None]:
     yield
     session.reset()
     native.use(before)
+
+
+def random_cover_columns(rng: Any) -> tuple[Any, ...]:
+    """Random columns for the breakdown's cover loops (`digest_breakdown._cover_py` and its C
+    twin): nested, overlapping, equal and inverted spans on a few tracks, other tools' (track -1)
+    and left-out ones, a name mask, and steps (their starts as a sorted list, ends, tracks)."""
+    from array import array
+
+    n = rng.choice([0, 1, 60, 3000])
+    names = array("l", (rng.randrange(6) for _ in range(n)))
+    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
+    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
+    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
+    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
+    mask = bytes(rng.random() < 0.3 for _ in range(6))
+    ss = sorted(rng.randrange(10**6) for _ in range(rng.randrange(0, 20)))
+    se = array("q", (s + rng.randrange(10**5) for s in ss))
+    st = array("q", (rng.randrange(4) for _ in ss))
+    return names, tracks, starts, ends, skip, mask, ss, se, st
+
+
+@pytest.fixture
+def toy() -> Iterator[Any]:
+    """The toy format (tests/toy_format.py) registered for one test, and gone after it."""
+    from gputrace.trace import registry
+
+    from . import toy_format
+
+    fmt = registry.register(registry.Format("toy", (".toy",), toy_format.recognise, "tests.toy_format"))
+    try:
+        yield fmt
+    finally:
+        registry.unregister("toy")
+    assert "toy" not in registry.names()

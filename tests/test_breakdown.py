@@ -408,18 +408,11 @@ def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(see
 
     if digest_breakdown._cover_c is None or digest_breakdown._nest_c is None:
         pytest.skip("the C build is not in use")
+    from .conftest import random_cover_columns
+
     rng = random.Random(seed)
-    n = rng.choice([0, 1, 60, 3000])
-    names = array("l", (rng.randrange(6) for _ in range(n)))
-    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
-    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
-    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
-    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
-    mask = bytes(rng.random() < 0.3 for _ in range(6))
-    k = rng.randrange(0, 20)
-    ss = sorted(rng.randrange(10**6) for _ in range(k))
-    se = array("q", (s + rng.randrange(10**5) for s in ss))
-    st = array("q", (rng.randrange(4) for _ in ss))
+    names, tracks, starts, ends, skip, mask, ss, se, st = random_cover_columns(rng)
+    n = len(names)
     cover = (names, tracks, starts, ends, skip, mask, array("q", ss), se, st)
     assert digest_breakdown._cover_c(*cover) == digest_breakdown._cover_py(*cover)
     carry = sorted((rng.randrange(5), rng.randrange(10**6)) for _ in range(rng.randrange(0, 30)))

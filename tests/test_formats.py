@@ -5,7 +5,6 @@ validate and merge)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,14 +83,7 @@ def test_the_registry_knows_the_formats_by_name_extension_and_first_bytes(tmp_pa
 # ---- a new format: one module plus its registration ------------------------------------------------
 
 
-@pytest.fixture
-def toy() -> Iterator[registry.Format]:
-    fmt = registry.register(registry.Format("toy", (".toy",), toy_format.recognise, "tests.toy_format"))
-    try:
-        yield fmt
-    finally:
-        registry.unregister("toy")
-    assert "toy" not in registry.names()
+# The `toy` fixture (tests/conftest.py) registers tests/toy_format.py for a test.
 
 
 def test_a_toy_format_is_saved_read_and_validated_as_the_json_of_the_same_recording(

@@ -192,19 +192,13 @@ def test_the_lean_cover_and_nesting_give_what_their_python_references_give(seed:
 
     from gputrace import digest_breakdown as dbk
 
+    from .conftest import random_cover_columns
+
     if dbk._cover_c is None or dbk._nest_c is None:
         pytest.skip("the C build is not in use")
     rng = random.Random(seed)
-    n = rng.choice([0, 1, 60, 3000])
-    names = array("l", (rng.randrange(6) for _ in range(n)))
-    tracks = array("l", (-1 if rng.random() < 0.05 else rng.randrange(4) for _ in range(n)))
-    starts = array("q", (rng.randrange(10**6) for _ in range(n)))
-    ends = array("q", (s + rng.choice([0, -5, rng.randrange(10**3), rng.randrange(10**5)]) for s in starts))
-    skip = bytes(rng.random() < 0.05 for _ in range(n)) if rng.random() < 0.5 else None
-    mask = bytes(rng.random() < 0.3 for _ in range(6))
-    ss = array("q", sorted(rng.randrange(10**6) for _ in range(rng.randrange(0, 20))))
-    se = array("q", (s + rng.randrange(10**5) for s in ss))
-    st = array("q", (rng.randrange(4) for _ in ss))
+    names, tracks, starts, ends, skip, mask, steps, se, st = random_cover_columns(rng)
+    ss = array("q", steps)
     cover = (names, tracks, starts, ends, skip, mask, ss, se, st)
     want = tuple(array("q", x) for x in dbk._cover_py(*cover))
     assert dbk.cover_columns(*cover) == want

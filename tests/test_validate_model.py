@@ -4,7 +4,6 @@ was worded before the check moved from a tuple a span to the columns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -56,15 +55,6 @@ def protobuf_file(path: Path) -> None:
             if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
                 p.track_event.name = name
     path.write_bytes(trace.SerializeToString())
-
-
-@pytest.fixture
-def toy() -> Iterator[registry.Format]:
-    fmt = registry.register(registry.Format("toy", (".toy",), toy_format.recognise, "tests.toy_format"))
-    try:
-        yield fmt
-    finally:
-        registry.unregister("toy")
 
 
 def test_protobuf_findings_are_worded_and_counted_as_before(tmp_path: Path) -> None:
