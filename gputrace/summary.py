@@ -35,6 +35,7 @@ from gputrace.trace.digestfile import (
     fresh,
     from_document,
     is_digest_path,
+    looks_current,
     read,
     step_name_of,
 )
@@ -78,7 +79,7 @@ def find(paths: Iterable[str]) -> Inputs:
     for p in paths:
         if os.path.isdir(p):
             found = sorted(f for pattern in registry.rank_file_globs() for f in glob.glob(os.path.join(p, pattern)))
-            found_digests = sorted(glob.glob(os.path.join(p, digestfile.RANK_GLOB)))
+            found_digests = sorted(f for f in glob.glob(os.path.join(p, digestfile.RANK_GLOB)) if os.path.isfile(f))
             if not found and not found_digests:
                 raise GputraceError(
                     f"{p}: no {', '.join(registry.rank_file_globs())} or {digestfile.RANK_GLOB} files here"
@@ -132,29 +133,66 @@ def collect(inputs: Inputs, step_name: str) -> list[RankDigest]:
 
 def _digest_beside(task: tuple[str, str]) -> bool:
     """(A worker's task) the digest of the trace at `task[0]`, steps marked by `task[1]`,
-    written beside it; False where it cannot be written there (a read-only folder)."""
+    written beside it; False where it is not written: the folder cannot take it, the trace
+    changed while it was read (a run still writing it: the digest would hold part of it and look
+    current), or a current digest appeared there meanwhile (the recorder's, kept)."""
     path, step_name = task
+    before = _identity(path)
     doc = from_trace(registry.read(path), step_name, path)
+    if _identity(path) != before:
+        return False
+    target = digest_path(path)
+    if os.path.exists(target) and looks_current(target, path, step_name):
+        return False
     try:
-        digestfile.write(doc, digest_path(path))
-    except OSError:
+        digestfile.write(doc, target)
+    except (OSError, GputraceError):  # the atomic writer says a failed write as GputraceError
         return False
     return True
 
 
-def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> Inputs:
-    """The digests of the per-rank trace files that have none beside them, made from the traces
-    in worker processes (`merge.pool`, ranks in parallel) and written beside them as the
-    recorder would have (the next summary or view reads them, not the traces); the inputs found
-    again. A folder that cannot take a digest leaves its trace to `collect`."""
-    from gputrace.merge import pool
+def _identity(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
-    todo = [t for t in inputs.traces if t not in inputs.digests and TRACE_NAME.match(os.path.basename(t))]
+
+def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> Inputs:
+    """The digests of the per-rank trace files that have none beside them that a summary with
+    these steps would read (none, another step name, an older format, or written for the trace
+    as it was before), made from the traces and written beside them as the recorder would have
+    (the next summary or view reads them, not the traces); the inputs found again. Ranks are
+    made in parallel worker processes as merge reads (`merge.run.workers_for`: only on idle
+    cores, at most 8, each holding one trace). A folder that cannot take a digest, a worker that
+    dies (out of memory?) or a trace that changes meanwhile leave their traces to `collect`,
+    one rank at a time."""
+    from gputrace.merge import pool
+    from gputrace.merge.run import workers_for
+
+    todo = [
+        t
+        for t in inputs.traces
+        if TRACE_NAME.match(os.path.basename(t))
+        and os.access(os.path.dirname(os.path.abspath(t)), os.W_OK)
+        and not (t in inputs.digests and looks_current(inputs.digests[t], t, step_name))
+    ]
     if not todo:
         return inputs
-    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
-    for _ in pool.ordered(_digest_beside, [(t, step_name) for t in todo], n, 2 * n):
-        pass
+    tasks = [(t, step_name) for t in todo]
+    n = min(workers_for(todo, workers), len(todo))
+    try:
+        if n <= 1:
+            for task in tasks:
+                _digest_beside(task)
+        else:
+            for _ in pool.ordered(_digest_beside, tasks, n, 2 * n):
+                pass
+    except TraceFormatError:
+        raise  # not a trace this can read: the caller says so
+    except GputraceError:
+        pass  # a worker that died: what was written stays, `collect` reads the rest one by one
     return find(inputs.traces + inputs.lone)
 
 

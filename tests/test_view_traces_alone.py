@@ -60,3 +60,80 @@ def test_a_bad_trace_among_them_is_one_clear_line(tmp_path: Path, monkeypatch: p
     r = CliRunner().invoke(main, ["view", str(tmp_path), "--export", str(tmp_path / "p.html")])
     assert r.exit_code == 2, r.output
     assert "trace_rank1.json" in r.output and "Traceback" not in r.output
+
+
+def _bare_run(tmp_path: Path, ranks: int = 4) -> Path:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    write_small_run(bare, ranks, (2, 3))
+    for f in bare.glob("digest_rank*"):
+        f.unlink()
+    return bare
+
+
+def test_a_digest_that_cannot_be_written_leaves_its_rank_to_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A place that cannot take a digest (here a folder in its way; a read-only folder is the
+    common case) is no error: the others are written, and `view` still draws the page (that
+    rank read from its trace)."""
+    monkeypatch.setattr(data, "DIGEST_VIEW_BYTES", 1)
+    bare = _bare_run(tmp_path)
+    (bare / "digest_rank2.digest").mkdir()
+    summary.make_digests(summary.find([str(bare)]), "step", workers=1)
+    assert sorted(p.name for p in bare.glob("digest_rank*") if p.is_file()) == [
+        f"digest_rank{r}.digest" for r in (0, 1, 3)
+    ]
+    (bare / "digest_rank2.digest").rmdir()  # gone, as a read-only folder never had it
+    out = tmp_path / "page.html"
+    r = CliRunner().invoke(main, ["view", str(bare), "--export", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.exists() and "Traceback" not in r.output
+
+
+def test_digests_of_other_steps_or_an_older_trace_are_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view with another step name (a typo), or traces that grew since their digests were
+    written, must not leave the folder computing every rank from its trace on every later view."""
+    monkeypatch.setattr(data, "DIGEST_VIEW_BYTES", 1)
+    bare = _bare_run(tmp_path)
+    summary.make_digests(summary.find([str(bare)]), "stpe", workers=1)
+    assert {summary.step_name_of(str(p)) for p in bare.glob("digest_rank*")} == {"stpe"}
+    summary.make_digests(summary.find([str(bare)]), "step", workers=1)
+    assert {summary.step_name_of(str(p)) for p in bare.glob("digest_rank*")} == {"step"}
+    digests = summary.collect(summary.find([str(bare)]), "step")
+    assert not any(d.computed for d in digests)
+    # rank 1's trace written again, longer: its digest no longer fits and is made again
+    with open(bare / "trace_rank1.json", "ab") as f:
+        f.write(b"\n")
+    before = {p.name: p.stat().st_mtime_ns for p in bare.glob("digest_rank*")}
+    summary.make_digests(summary.find([str(bare)]), "step", workers=1)
+    after = {p.name: p.stat().st_mtime_ns for p in bare.glob("digest_rank*")}
+    assert [n for n in sorted(after) if after[n] != before[n]] == ["digest_rank1.digest"]
+    assert not any(d.computed for d in summary.collect(summary.find([str(bare)]), "step"))
+
+
+def test_a_trace_that_changes_while_it_is_read_gets_no_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run still writing its trace: the digest of what was read would hold part of it and look
+    current once written, so none is written; nor over a current digest that appeared meanwhile."""
+    from gputrace.trace import registry
+
+    bare = _bare_run(tmp_path, 2)
+    trace = bare / "trace_rank0.json"
+    real_read = registry.read
+
+    def read_then_grow(path: str, *a: object, **k: object) -> object:
+        got = real_read(path, *a, **k)  # type: ignore[arg-type]
+        with open(path, "ab") as f:
+            f.write(b" ")  # the writer goes on meanwhile
+        return got
+
+    monkeypatch.setattr(registry, "read", read_then_grow)
+    assert summary._digest_beside((str(trace), "step")) is False
+    assert not (bare / "digest_rank0.digest").exists()
+    monkeypatch.setattr(registry, "read", real_read)
+    assert summary._digest_beside((str(trace), "step")) is True
+    made = (bare / "digest_rank0.digest").stat().st_mtime_ns
+    assert summary._digest_beside((str(trace), "step")) is False  # a current one is there: kept
+    assert (bare / "digest_rank0.digest").stat().st_mtime_ns == made

@@ -238,10 +238,11 @@ def digest_view(
     found = find(paths)
     if not found.traces:
         return None
-    if not found.complete and len(found.traces) > 1 and _large(found.traces):
-        # Large traces of many ranks without their digests (copied without them, or written by
-        # an older gputrace): each rank's digest is made from its trace, ranks in parallel, and
-        # written beside it; this view and the next are drawn from them.
+    if len(found.traces) > 1 and _large(found.traces):
+        # Large traces of many ranks without digests this view can read (copied without them,
+        # written by an older gputrace, or with other steps): each rank's digest is made from its
+        # trace, ranks in parallel, and written beside it; this view and the next are drawn from
+        # them. Where they already are, this is a look at each digest's first bytes.
         try:
             found = make_digests(found, step)
         except GputraceError:

@@ -306,6 +306,27 @@ def fresh(d: RankDigest, trace_path: str) -> bool:
     return d.trace_head is not None and head_hash(trace_path) == d.trace_head
 
 
+def looks_current(path: str, trace_path: str, step_name: str) -> bool:
+    """Whether the digest at `path` is one a summary with steps named `step_name` would read for
+    the trace at `trace_path`, as far as its first bytes tell (format 2 or later, that step name,
+    written for a trace of the size it has now): a cheap look, before `read` and `fresh` say it
+    for sure."""
+    try:
+        head = read_head(path, 4096)
+        size = os.path.getsize(trace_path)
+    except (TraceFormatError, OSError):
+        return False
+    version = re.match(rb'\{"format":"gputrace-digest/(\d+)"', head)
+    written = re.search(rb'"trace_bytes":(\d+)[,}]', head)
+    return (
+        version is not None
+        and int(version.group(1)) >= 2
+        and written is not None
+        and int(written.group(1)) == size
+        and step_name_of(path) == step_name
+    )
+
+
 def step_name_of(path: str) -> str | None:
     """The step name the digest at `path` was written with, read from the file's first bytes
     (None where it cannot be read there)."""
