@@ -120,7 +120,7 @@ def groups(
     names: Sequence[int], tracks: Sequence[int], args: list[Any], slot_of_track: Sequence[int], stride: int
 ) -> Groups:
     """Every span's group (key `name * stride + slot`; see the module's docstring)."""
-    if _hot is None or not isinstance(args, list):
+    if _hot is None or type(args) is not list:
         return Groups(*_groups_py(names, tracks, args, slot_of_track, stride))
     slots = slot_of_track if isinstance(slot_of_track, array) else array("q", slot_of_track)
     order, keys, bounds, marked, own, own_bounds = _hot.stats_groups(names, tracks, args, slots, stride)

@@ -225,3 +225,21 @@ def test_the_union_as_columns_is_the_python_union(seed: int) -> None:
     assert bd.union_columns(sorted(starts), [s + 5 for s in sorted(starts)]) == tuple(
         array("q", x) for x in bd._union_py(sorted(starts), [s + 5 for s in sorted(starts)])
     )
+
+
+def test_grouping_takes_an_argument_column_of_no_memory() -> None:
+    """A trace read without its spans' arguments (`perfetto.read_spans`) has an all-None column
+    that takes no memory; the grouping reads it as all None, in the C build and its twin alike."""
+    from array import array
+
+    from gputrace import stats_columns
+    from gputrace.trace.model import _NoCats
+
+    names = array("l", [0, 1, 0, 2, 1])
+    tracks = array("l", [0, 0, 1, 1, 0])
+    slots = array("q", [0, 1])
+    empty = stats_columns.groups(names, tracks, _NoCats(5), slots, 2)
+    plain = stats_columns.groups(names, tracks, [None] * 5, slots, 2)
+    assert empty == plain
+    assert list(empty.keys) == [0, 2, 1, 5]  # name * 2 + slot, in order of first sight
+    assert list(empty.bounds) == [0, 1, 3, 4, 5] and not any(empty.marked)
