@@ -32,7 +32,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import accumulate, compress, repeat
-from operator import and_, eq, ne, not_, sub, truth
+from operator import and_, eq, ne, sub, truth
 from typing import Any
 
 from gputrace import native
@@ -104,6 +104,9 @@ _union_c: Any = None
 _minus_c: Any = None
 _within_c: Any = None
 native.on_switch(_c_loops)
+
+
+_NOT = bytes([1]) + bytes(255)  # bytes.translate table: 0 -> 1, else 0
 
 
 def _q(v: Sequence[int]) -> array[int]:
@@ -209,22 +212,25 @@ def rank_breakdown(
     step_starts, step_ends = _q(step_starts), _q(step_ends)
     everything = union_columns(starts, ends)
     idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(*everything, step_starts, step_ends))]
-    transfer = within(*union(*transfers), step_starts, step_ends)
+    # Unions as int64 columns: `within` reads them in place, where lists would be converted.
+    transfer = within(*union_columns(*transfers), step_starts, step_ends)
     wait = [w - x for w, x in zip(wait_ns, transfer)]
     coll_tracks = sorted(set(compress(tracks, colls)))
     xs: list[int] = []
     xe: list[int] = []
+    is_coll = bytes(map(truth, colls)) if coll_tracks else b""  # one byte a span, once for every track
+    not_coll = is_coll.translate(_NOT)
     for t in coll_tracks:
         # Whole columns at a time (C-level maps), one byte a span.
-        mine = bytes(map(and_, map(truth, colls), map(eq, tracks, repeat(t))))
-        others = bytes(map(and_, map(not_, colls), map(ne, tracks, repeat(t))))
+        mine = bytes(map(and_, is_coll, map(eq, tracks, repeat(t))))
+        others = bytes(map(and_, not_coll, map(ne, tracks, repeat(t))))
         a, b = minus(
             *union_columns(array("q", compress(starts, mine)), array("q", compress(ends, mine))),
             *union_columns(array("q", compress(starts, others)), array("q", compress(ends, others))),
         )
         xs += a
         xe += b
-    exposed = within(*union(xs, xe), step_starts, step_ends)
+    exposed = within(*union_columns(xs, xe), step_starts, step_ends)
     return idle, wait, transfer, exposed
 
 

@@ -225,3 +225,27 @@ def test_the_union_as_columns_is_the_python_union(seed: int) -> None:
     assert bd.union_columns(sorted(starts), [s + 5 for s in sorted(starts)]) == tuple(
         array("q", x) for x in bd._union_py(sorted(starts), [s + 5 for s in sorted(starts)])
     )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_collective_calls_by_columns_are_the_per_rank_loops(seed: int) -> None:
+    """Last rank, runner-up (ties included: few distinct arrival times), margin, call, waits and
+    each rank's counts: `_calls_columns` on tuples equal `_calls_py` on the same occurrences as
+    dicts, with ranks in an order other than sorted and ranks that ran no collective."""
+    from gputrace import stats
+
+    rng = random.Random(seed)
+    world = rng.choice([1, 2, 3, 8, 64])
+    ranks = list(range(world + 2))
+    rl = rng.sample(range(world), world)
+    names = ["all_reduce", "all_gather", "broadcast"]
+    err = {r: rng.choice([0, 5, 40]) for r in ranks}
+    cols = []
+    for _ in range(rng.choice([0, 1, 30, 500])):
+        spread = rng.choice([1, 3, 100, 10_000])
+        cs = tuple(rng.randrange(spread) * 7 for _ in rl)
+        ce = tuple(a + rng.randrange(1, 1000) for a in cs)
+        cols.append((min(cs), rng.randrange(-1, 20), rng.randrange(len(names)), rng.randrange(3), cs, ce))
+    cols.sort(key=stats._first)
+    found = [(f, k, n, o, dict(zip(rl, cs)), dict(zip(rl, ce))) for f, k, n, o, cs, ce in cols]
+    assert stats._calls_columns(cols, rl, ranks, names, err) == stats._calls_py(found, ranks, names, err)
