@@ -24,7 +24,7 @@ import sys
 import textwrap
 import unicodedata
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -712,11 +712,7 @@ def _breakdown(
         s = slot[r]
         ws, we = steps.start_ns[r], steps.end_ns[r]
         st = step_idx[s]  # the rank's finished steps in start order, warm-up included
-        ss, se, strk = (
-            list(map(start.__getitem__, st)),
-            list(map(end.__getitem__, st)),
-            list(map(track.__getitem__, st)),
-        )
+        ss, se, strk = columns.take(st, start, end, track)
         # Only a span as long as a step can enclose one (be its ancestor).
         least = min(map(sub, se, ss), default=0)
         durs = map(sub, map(end.__getitem__, rows[s]), map(start.__getitem__, rows[s]))
@@ -725,10 +721,9 @@ def _breakdown(
         mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
         mine += cover_spans[s]
         ct, cs, ce = covers[s]
-        if mine:
-            cs = array("q", chain(map(start.__getitem__, mine), cs))
-            ce = array("q", chain(map(end.__getitem__, mine), ce))
-            ct = array("q", chain(map(track.__getitem__, mine), ct))
+        if mine:  # the picked spans' columns (one C gather each), then the cover's
+            ms, me, mt = columns.take(mine, start, end, track)
+            cs, ce, ct = _then(ms, cs), _then(me, ce), _then(mt, ct)
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
@@ -746,6 +741,13 @@ def _breakdown(
     return dataclasses.replace(
         steps, idle_ns=idle, collective_wait_ns=cwait, collective_transfer_ns=ctransfer, exposed_collective_ns=exposed
     )
+
+
+def _then(a: array[int], b: Sequence[int]) -> array[int]:
+    """`a` followed by `b`, as one int64 array (`a` extended in place)."""
+    if len(b):
+        a.extend(b if isinstance(b, array) and b.typecode == "q" else array("q", b))
+    return a
 
 
 def _launch_lags(trace: Trace, steps: Steps, own: list[Sequence[int]]) -> Steps:
@@ -778,21 +780,18 @@ def _collectives(
 ) -> Collectives:
     # Per rank, in start order: each collective's step (-1: outside every step), name, ordinal
     # among the rank's collectives of that name in that step, start and end.
-    per: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {}
+    per: dict[int, tuple[Sequence[int], Sequence[int], list[int], Sequence[int], Sequence[int]]] = {}
     for s, idx in coll_idx.items():
         if not idx:
             continue
         st = step_idx.get(s, [])
-        ss = list(map(start.__getitem__, st))
-        se = list(map(end.__getitem__, st))
-        cs = list(map(start.__getitem__, idx))
-        ks = [j - 1 if j and a < se[j - 1] else -1 for j, a in zip(map(bisect_right, repeat(ss), cs), cs)]
-        ce = list(map(end.__getitem__, idx))
-        cn = list(map(name_col.__getitem__, idx))
+        ss, se = columns.take(st, start, end)
+        cs, ce, cn = columns.take(idx, start, end, name_col)
+        ks = columns.step_of(ss, se, cs)
         if skip:  # collectives inside warm-up steps are left out
             keep = [not 0 <= k < skip for k in ks]
             if not all(keep):
-                ks, cs, ce, cn = (list(compress(v, keep)) for v in (ks, cs, ce, cn))
+                ks, cs, ce, cn = (array("q", compress(v, keep)) for v in (ks, cs, ce, cn))
         pairs = list(zip(ks, cn))
         if len(set(pairs)) == len(pairs):  # each name at most once a step: every ordinal 0
             ords = [0] * len(pairs)
@@ -821,8 +820,8 @@ def _collectives(
         return Collectives(_coll_rule(coll_rule), occurrences, per_rank)
     else:
         table: dict[tuple[int, int, int], tuple[dict[int, int], dict[int, int]]] = {}
-        for r, (ks, cn, ords, cs, ce) in per.items():
-            for key, a, e in zip(zip(ks, cn, ords), cs, ce):
+        for r, (ks_, cn_, ords_, cs_, ce_) in per.items():
+            for key, a, e in zip(zip(ks_, cn_, ords_), cs_, ce_):
                 got = table.get(key)
                 if got is None:
                     got = table[key] = ({}, {})

@@ -249,3 +249,57 @@ def test_the_collective_calls_by_columns_are_the_per_rank_loops(seed: int) -> No
     cols.sort(key=stats._first)
     found = [(f, k, n, o, dict(zip(rl, cs)), dict(zip(rl, ce))) for f, k, n, o, cs, ce in cols]
     assert stats._calls_columns(cols, rl, ranks, names, err) == stats._calls_py(found, ranks, names, err)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_gather_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.take` in C equals `_take_py`: int64 and long columns, an index column as a
+    list, an array or a view, none at all, repeats; an index past the end or below 0 raises."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 7, 3000])
+    cols = [
+        array("q", (rng.randrange(-(2**63), 2**63) for _ in range(n))),
+        array("l", (rng.randrange(-(10**9), 10**9) for _ in range(n))),
+        [rng.randrange(10**15) for _ in range(n)],
+    ]
+    idx = [rng.randrange(n) for _ in range(rng.randrange(2 * n + 1))] if n else []
+    want = columns._take_py(idx, *cols)
+    assert [len(w) for w in want] == [len(idx)] * 3
+    for form in (idx, array("q", idx), memoryview(array("q", idx))):
+        assert columns.take(form, *cols) == want
+        assert columns.take(form) == ()
+    for bad in ([n], [-1], [0, n + 5]):
+        for fn in (columns.take, columns._take_py):
+            with pytest.raises(IndexError):
+                fn(bad, *cols)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_step_lookup_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.step_of` in C equals `_step_of_py` (bisection into steps sorted by start,
+    ends exclusive): steps that touch, overlap, have gaps or none at all, times on their edges,
+    before the first and after the last."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 5, 500])
+    ss = sorted(rng.randrange(-1000, 10**6) for _ in range(n))
+    se = [s + rng.choice([0, 1, 50, 3000]) for s in ss]
+    edges = [x + d for x in ss + se for d in (-1, 0, 1)]
+    starts = [rng.randrange(-2000, 10**6 + 5000) for _ in range(rng.randrange(300))] + edges
+    want = columns._step_of_py(ss, se, starts)
+    assert len(want) == len(starts) and (not n or max(want) < n)
+    assert columns.step_of(ss, se, starts) == want
+    assert columns.step_of(array("q", ss), array("q", se), array("q", starts)) == want
+    with pytest.raises(ValueError):
+        columns.step_of(ss, se[:-1] if n else [1], starts)
