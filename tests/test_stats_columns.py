@@ -303,3 +303,23 @@ def test_the_c_step_lookup_gives_what_its_python_twin_gives(seed: int) -> None:
     assert columns.step_of(array("q", ss), array("q", se), array("q", starts)) == want
     with pytest.raises(ValueError):
         columns.step_of(ss, se[:-1] if n else [1], starts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_spread_from_sorted_columns_is_the_median_absolute_deviation(seed: int) -> None:
+    """`causes._mad` (deviations of the sorted column) equals the median absolute deviation taken
+    in step order: odd and even lengths, repeats, a median between two values (a half)."""
+    from itertools import repeat
+    from operator import sub
+    from statistics import median
+
+    from gputrace import causes
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        n = rng.choice([1, 2, 3, 10, 101, 1000])
+        spread = rng.choice([1, 3, 10**3, 10**9])
+        v = [rng.randrange(spread) + rng.choice([0, 0, 10**6]) for _ in range(n)]
+        want = float(median(map(abs, map(sub, v, repeat(median(v))))))
+        assert causes._mad(v) == want
+        assert causes._mad_sorted(sorted(v), median(v)) == want
