@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import ge, sub
+from operator import contains, ge, getitem, sub
 from typing import Any
 
 from gputrace import breakdown as bd
@@ -695,14 +695,26 @@ def _breakdown(
     (`covers`) or a digest's (`cover_spans`). `colls`: the collective spans."""
     sp = trace.spans
     start, end, track = sp.start, sp.end, sp.track
-    transfers: dict[int, tuple[list[int], list[int]]] = {r: ([], []) for r in steps.ranks}
+    transfers: dict[int, tuple[Sequence[int], Sequence[int]]] = {r: ([], []) for r in steps.ranks}
     if collectives is not None:
-        for o in collectives.occurrences:
-            last = o.arrivals[o.last_rank]
-            for r, a in o.arrivals.items():
-                if r in transfers:
-                    transfers[r][0].append(max(a, last))
-                    transfers[r][1].append(o.ends[r])
+        occ = collectives.occurrences
+        arrs, ends_of = [o.arrivals for o in occ], [o.ends for o in occ]
+        lasts = array("q", map(getitem, arrs, [o.last_rank for o in occ]))
+        rest = []
+        for r in transfers:
+            if all(map(contains, arrs, repeat(r))):
+                # In every occurrence: its transfers start at the last arrival (the latest of all,
+                # so max(its own, last) is last), one int64 column shared by these ranks.
+                transfers[r] = (lasts, array("q", map(getitem, ends_of, repeat(r))))
+            else:
+                rest.append(r)
+        for r in rest:  # ranks that missed some occurrence: theirs one by one
+            ts, te = [], []
+            for a, last, e in zip(arrs, lasts, ends_of):
+                if r in a:
+                    ts.append(max(a[r], last))
+                    te.append(e[r])
+            transfers[r] = (ts, te)
     slot = {r: s for s, r in enumerate(trace.ranks)}
     idle: dict[int, list[int | None]] = {}
     cwait: dict[int, list[int]] = {}
