@@ -31,11 +31,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat
-from operator import and_, eq, ne, sub, truth
+from itertools import accumulate, compress
+from operator import sub, truth
 from typing import Any
 
-from gputrace import native
+from gputrace import native, stats_columns
 
 Intervals = tuple[list[int], list[int]]  # sorted, disjoint [start, end) pairs as two columns
 
@@ -104,9 +104,6 @@ _union_c: Any = None
 _minus_c: Any = None
 _within_c: Any = None
 native.on_switch(_c_loops)
-
-
-_NOT = bytes([1]) + bytes(255)  # bytes.translate table: 0 -> 1, else 0
 
 
 def _q(v: Sequence[int]) -> array[int]:
@@ -219,15 +216,10 @@ def rank_breakdown(
     xs: list[int] = []
     xe: list[int] = []
     is_coll = bytes(map(truth, colls)) if coll_tracks else b""  # one byte a span, once for every track
-    not_coll = is_coll.translate(_NOT)
     for t in coll_tracks:
-        # Whole columns at a time (C-level maps), one byte a span.
-        mine = bytes(map(and_, is_coll, map(eq, tracks, repeat(t))))
-        others = bytes(map(and_, not_coll, map(ne, tracks, repeat(t))))
-        a, b = minus(
-            *union_columns(array("q", compress(starts, mine)), array("q", compress(ends, mine))),
-            *union_columns(array("q", compress(starts, others)), array("q", compress(ends, others))),
-        )
+        # The track's collectives less the time of spans elsewhere that are not collectives.
+        ms, me, os_, oe = stats_columns.track_split(starts, ends, tracks, is_coll, t)
+        a, b = minus(*union_columns(ms, me), *union_columns(os_, oe))
         xs += a
         xe += b
     exposed = within(*union_columns(xs, xe), step_starts, step_ends)

@@ -323,3 +323,27 @@ def test_the_spread_from_sorted_columns_is_the_median_absolute_deviation(seed: i
         want = float(median(map(abs, map(sub, v, repeat(median(v))))))
         assert causes._mad(v) == want
         assert causes._mad_sorted(sorted(v), median(v)) == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_track_split_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.track_split` in C equals `_track_split_py`: collectives on the track, and
+    spans neither collectives nor on it, from columns of any length (none too), bytes not 0/1."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 9, 2000])
+    starts = [rng.randrange(-(10**12), 10**12) for _ in range(n)]
+    ends = [s + rng.randrange(10**6) for s in starts]
+    tracks = array("l", (rng.randrange(4) for _ in range(n)))
+    is_coll = bytes(rng.choice([0, 0, 1, 2, 255]) for _ in range(n))
+    for t in range(-1, 5):
+        want = columns._track_split_py(starts, ends, tracks, is_coll, t)
+        assert columns.track_split(starts, ends, tracks, is_coll, t) == want
+        assert columns.track_split(array("q", starts), array("q", ends), tracks, is_coll, t) == want
+    with pytest.raises(ValueError):
+        columns.track_split(starts, ends, tracks, is_coll + b"\0", 0)

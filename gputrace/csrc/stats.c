@@ -269,11 +269,63 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(stats_track_split_doc,
+             "stats_track_split(starts, ends, tracks, is_coll, track, /)\n--\n\n"
+             "stats_columns._track_split_py: (starts, ends) of the collectives on `track`, then of the\n"
+             "spans that are neither collectives nor on it, as four bytes of int64.");
+static PyObject *hot_stats_track_split(PyObject *self, PyObject *py_args) {
+    PyObject *so, *eo, *to, *co;
+    long long t;
+    if (!PyArg_ParseTuple(py_args, "OOOSL", &so, &eo, &to, &co, &t)) return NULL;
+    PyObject *ks = NULL, *ke = NULL, *kt = NULL, *result = NULL;
+    PyObject *b[4] = {NULL, NULL, NULL, NULL};
+    long long *d[4] = {NULL, NULL, NULL, NULL};
+    Py_ssize_t n, ne, nt;
+    const long long *s = gt_column_items(so, &n, &ks);
+    if (!s) goto out;
+    const long long *e = gt_column_items(eo, &ne, &ke);
+    if (!e) goto out;
+    const long long *tr = gt_column_items(to, &nt, &kt);
+    if (!tr) goto out;
+    const char *c = PyBytes_AsString(co);
+    if (!c) goto out;
+    if (ne != n || nt != n || PyBytes_Size(co) != n) {
+        PyErr_SetString(PyExc_ValueError, "stats_track_split: columns of different lengths");
+        goto out;
+    }
+    Py_ssize_t mine = 0, others = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] && tr[i] == t) mine++;
+        else if (!c[i] && tr[i] != t) others++;
+    }
+    if (!(b[0] = new_int64s(mine, &d[0])) || !(b[1] = new_int64s(mine, &d[1])) ||
+        !(b[2] = new_int64s(others, &d[2])) || !(b[3] = new_int64s(others, &d[3])))
+        goto out;
+    Py_ssize_t m = 0, o = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] && tr[i] == t) {
+            d[0][m] = s[i];
+            d[1][m++] = e[i];
+        } else if (!c[i] && tr[i] != t) {
+            d[2][o] = s[i];
+            d[3][o++] = e[i];
+        }
+    }
+    result = PyTuple_Pack(4, b[0], b[1], b[2], b[3]);
+out:
+    Py_XDECREF(ks);
+    Py_XDECREF(ke);
+    Py_XDECREF(kt);
+    for (int k = 0; k < 4; k++) Py_XDECREF(b[k]);
+    return result;
+}
+
 static PyMethodDef stats_methods[] = {
     {"stats_groups", hot_stats_groups, METH_VARARGS, stats_groups_doc},
     {"stats_sorted_durations", hot_stats_sorted_durations, METH_VARARGS, stats_sorted_durations_doc},
     {"stats_take", hot_stats_take, METH_VARARGS, stats_take_doc},
     {"stats_step_of", hot_stats_step_of, METH_VARARGS, stats_step_of_doc},
+    {"stats_track_split", hot_stats_track_split, METH_VARARGS, stats_track_split_doc},
     {NULL},
 };
 
