@@ -580,10 +580,10 @@ def _steps(
     for s in slots:
         r = ranks[s]
         idx = step_idx[s][skip : skip + count]
-        ss = [start[i] for i in idx]
-        se = [end[i] for i in idx]
+        qs, qe = columns.take(idx, start, end)  # int64 columns (C gathers), read in place below
+        ss, se = qs.tolist(), qe.tolist()
         coll = coll_idx[s]  # the step's time inside the union of the rank's collective spans
-        w = bd.within(*bd.union([start[i] for i in coll], [end[i] for i in coll]), ss, se)
+        w = bd.within(*bd.union_columns(*columns.take(coll, start, end)), qs, qe)
         starts[r], ends[r], wait[r] = ss, se, w
         busy[r] = [b - a - x for a, b, x in zip(ss, se, w)]
     noise = [2 * anchor[s] for s in slots]
