@@ -31,11 +31,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat
-from operator import and_, eq, ne, not_, sub, truth
+from itertools import accumulate, compress
+from operator import sub, truth
 from typing import Any
 
-from gputrace import native
+from gputrace import native, stats_columns
 
 Intervals = tuple[list[int], list[int]]  # sorted, disjoint [start, end) pairs as two columns
 
@@ -209,22 +209,20 @@ def rank_breakdown(
     step_starts, step_ends = _q(step_starts), _q(step_ends)
     everything = union_columns(starts, ends)
     idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(*everything, step_starts, step_ends))]
-    transfer = within(*union(*transfers), step_starts, step_ends)
+    # Unions as int64 columns: `within` reads them in place, where lists would be converted.
+    transfer = within(*union_columns(*transfers), step_starts, step_ends)
     wait = [w - x for w, x in zip(wait_ns, transfer)]
     coll_tracks = sorted(set(compress(tracks, colls)))
     xs: list[int] = []
     xe: list[int] = []
+    is_coll = bytes(map(truth, colls)) if coll_tracks else b""  # one byte a span, once for every track
     for t in coll_tracks:
-        # Whole columns at a time (C-level maps), one byte a span.
-        mine = bytes(map(and_, map(truth, colls), map(eq, tracks, repeat(t))))
-        others = bytes(map(and_, map(not_, colls), map(ne, tracks, repeat(t))))
-        a, b = minus(
-            *union_columns(array("q", compress(starts, mine)), array("q", compress(ends, mine))),
-            *union_columns(array("q", compress(starts, others)), array("q", compress(ends, others))),
-        )
+        # The track's collectives less the time of spans elsewhere that are not collectives.
+        ms, me, os_, oe = stats_columns.track_split(starts, ends, tracks, is_coll, t)
+        a, b = minus(*union_columns(ms, me), *union_columns(os_, oe))
         xs += a
         xe += b
-    exposed = within(*union(xs, xe), step_starts, step_ends)
+    exposed = within(*union_columns(xs, xe), step_starts, step_ends)
     return idle, wait, transfer, exposed
 
 

@@ -24,11 +24,11 @@ import sys
 import textwrap
 import unicodedata
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import ge, sub
+from operator import contains, ge, getitem, sub
 from typing import Any
 
 from gputrace import breakdown as bd
@@ -580,10 +580,10 @@ def _steps(
     for s in slots:
         r = ranks[s]
         idx = step_idx[s][skip : skip + count]
-        ss = [start[i] for i in idx]
-        se = [end[i] for i in idx]
+        qs, qe = columns.take(idx, start, end)  # int64 columns (C gathers), read in place below
+        ss, se = qs.tolist(), qe.tolist()
         coll = coll_idx[s]  # the step's time inside the union of the rank's collective spans
-        w = bd.within(*bd.union([start[i] for i in coll], [end[i] for i in coll]), ss, se)
+        w = bd.within(*bd.union_columns(*columns.take(coll, start, end)), qs, qe)
         starts[r], ends[r], wait[r] = ss, se, w
         busy[r] = [b - a - x for a, b, x in zip(ss, se, w)]
     noise = [2 * anchor[s] for s in slots]
@@ -695,14 +695,26 @@ def _breakdown(
     (`covers`) or a digest's (`cover_spans`). `colls`: the collective spans."""
     sp = trace.spans
     start, end, track = sp.start, sp.end, sp.track
-    transfers: dict[int, tuple[list[int], list[int]]] = {r: ([], []) for r in steps.ranks}
+    transfers: dict[int, tuple[Sequence[int], Sequence[int]]] = {r: ([], []) for r in steps.ranks}
     if collectives is not None:
-        for o in collectives.occurrences:
-            last = o.arrivals[o.last_rank]
-            for r, a in o.arrivals.items():
-                if r in transfers:
-                    transfers[r][0].append(max(a, last))
-                    transfers[r][1].append(o.ends[r])
+        occ = collectives.occurrences
+        arrs, ends_of = [o.arrivals for o in occ], [o.ends for o in occ]
+        lasts = array("q", map(getitem, arrs, [o.last_rank for o in occ]))
+        rest = []
+        for r in transfers:
+            if all(map(contains, arrs, repeat(r))):
+                # In every occurrence: its transfers start at the last arrival (the latest of all,
+                # so max(its own, last) is last), one int64 column shared by these ranks.
+                transfers[r] = (lasts, array("q", map(getitem, ends_of, repeat(r))))
+            else:
+                rest.append(r)
+        for r in rest:  # ranks that missed some occurrence: theirs one by one
+            ts, te = [], []
+            for a, last, e in zip(arrs, lasts, ends_of):
+                if r in a:
+                    ts.append(max(a[r], last))
+                    te.append(e[r])
+            transfers[r] = (ts, te)
     slot = {r: s for s, r in enumerate(trace.ranks)}
     idle: dict[int, list[int | None]] = {}
     cwait: dict[int, list[int]] = {}
@@ -712,7 +724,7 @@ def _breakdown(
         s = slot[r]
         ws, we = steps.start_ns[r], steps.end_ns[r]
         st = step_idx[s]  # the rank's finished steps in start order, warm-up included
-        ss, se, strk = [start[i] for i in st], [end[i] for i in st], [track[i] for i in st]
+        ss, se, strk = columns.take(st, start, end, track)
         # Only a span as long as a step can enclose one (be its ancestor).
         least = min(map(sub, se, ss), default=0)
         durs = map(sub, map(end.__getitem__, rows[s]), map(start.__getitem__, rows[s]))
@@ -721,10 +733,9 @@ def _breakdown(
         mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
         mine += cover_spans[s]
         ct, cs, ce = covers[s]
-        if mine:
-            cs = array("q", chain(map(start.__getitem__, mine), cs))
-            ce = array("q", chain(map(end.__getitem__, mine), ce))
-            ct = array("q", chain(map(track.__getitem__, mine), ct))
+        if mine:  # the picked spans' columns (one C gather each), then the cover's
+            ms, me, mt = columns.take(mine, start, end, track)
+            cs, ce, ct = _then(ms, cs), _then(me, ce), _then(mt, ct)
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
@@ -742,6 +753,13 @@ def _breakdown(
     return dataclasses.replace(
         steps, idle_ns=idle, collective_wait_ns=cwait, collective_transfer_ns=ctransfer, exposed_collective_ns=exposed
     )
+
+
+def _then(a: array[int], b: Sequence[int]) -> array[int]:
+    """`a` followed by `b`, as one int64 array (`a` extended in place)."""
+    if len(b):
+        a.extend(b if isinstance(b, array) and b.typecode == "q" else array("q", b))
+    return a
 
 
 def _launch_lags(trace: Trace, steps: Steps, own: list[Sequence[int]]) -> Steps:
@@ -774,50 +792,82 @@ def _collectives(
 ) -> Collectives:
     # Per rank, in start order: each collective's step (-1: outside every step), name, ordinal
     # among the rank's collectives of that name in that step, start and end.
-    nn = len(names) + 1
-    per: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {}
+    per: dict[int, tuple[Sequence[int], Sequence[int], list[int], Sequence[int], Sequence[int]]] = {}
     for s, idx in coll_idx.items():
         if not idx:
             continue
         st = step_idx.get(s, [])
-        ss = [start[i] for i in st]
-        se = [end[i] for i in st]
+        ss, se = columns.take(st, start, end)
+        cs, ce, cn = columns.take(idx, start, end, name_col)
+        ks = columns.step_of(ss, se, cs)
         if skip:  # collectives inside warm-up steps are left out
-            idx = [i for i in idx if not (0 <= (j := bisect_right(ss, start[i]) - 1) < skip and start[i] < se[j])]
-        cs = [start[i] for i in idx]
-        ce = [end[i] for i in idx]
-        cn = [name_col[i] for i in idx]
-        js = [bisect_right(ss, a) - 1 for a in cs]
-        ks = [j if j >= 0 and a < se[j] else -1 for j, a in zip(js, cs)]
-        seen: dict[int, int] = {}
-        ords = []
-        for k, n in zip(ks, cn):
-            sk = (k + 1) * nn + n
-            o = seen.get(sk, 0)
-            seen[sk] = o + 1
-            ords.append(o)
+            keep = [not 0 <= k < skip for k in ks]
+            if not all(keep):
+                ks, cs, ce, cn = (array("q", compress(v, keep)) for v in (ks, cs, ce, cn))
+        pairs = list(zip(ks, cn))
+        if len(set(pairs)) == len(pairs):  # each name at most once a step: every ordinal 0
+            ords = [0] * len(pairs)
+        else:
+            seen: dict[tuple[int, int], int] = {}
+            ords = []
+            for sk in pairs:
+                o = seen.get(sk, 0)
+                seen[sk] = o + 1
+                ords.append(o)
         per[ranks[s]] = (ks, cn, ords, cs, ce)
     found: list[tuple[int, int, int, int, dict[int, int], dict[int, int]]] = []  # (first, step, name, ordinal, ...)
     ref = next(iter(per.values()))
     if all(v[0] == ref[0] and v[1] == ref[1] and v[2] == ref[2] for v in per.values()):
         # Every rank ran the same collectives in the same order (the usual case): match by position.
         rl = list(per)
-        for k, n, o, col_s, col_e in zip(
-            ref[0], ref[1], ref[2], zip(*(v[3] for v in per.values())), zip(*(v[4] for v in per.values()))
-        ):
-            found.append((min(col_s), k, n, o, dict(zip(rl, col_s)), dict(zip(rl, col_e))))
+        cols = [
+            (min(col_s), k, n, o, col_s, col_e)
+            for k, n, o, col_s, col_e in zip(
+                ref[0], ref[1], ref[2], zip(*(v[3] for v in per.values())), zip(*(v[4] for v in per.values()))
+            )
+        ]
+        cols.sort(key=_first)
+        err = {r: align_err[s] + anchor[s] for s, r in enumerate(ranks)}  # one anchored end per arrival
+        occurrences, per_rank = _calls_columns(cols, rl, ranks, names, err)
+        return Collectives(_coll_rule(coll_rule), occurrences, per_rank)
     else:
         table: dict[tuple[int, int, int], tuple[dict[int, int], dict[int, int]]] = {}
-        for r, (ks, cn, ords, cs, ce) in per.items():
-            for key, a, e in zip(zip(ks, cn, ords), cs, ce):
+        for r, (ks_, cn_, ords_, cs_, ce_) in per.items():
+            for key, a, e in zip(zip(ks_, cn_, ords_), cs_, ce_):
                 got = table.get(key)
                 if got is None:
                     got = table[key] = ({}, {})
                 got[0][r] = a
                 got[1][r] = e
         found = [(min(arr.values()), k, n, o, arr, ends) for (k, n, o), (arr, ends) in table.items()]
-    found.sort(key=lambda x: x[0])
+    found.sort(key=_first)
     err = {r: align_err[s] + anchor[s] for s, r in enumerate(ranks)}  # one anchored end per arrival
+    occurrences, per_rank = _calls_py(found, ranks, names, err)
+    return Collectives(_coll_rule(coll_rule), occurrences, per_rank)
+
+
+def _first(x: tuple[Any, ...]) -> Any:
+    return x[0]
+
+
+def _coll_rule(coll_rule: str) -> str:
+    return (
+        f"{coll_rule}; occurrences are matched across ranks by (step, name, order within the step); a rank is "
+        "called last when it arrived after every other rank by more than their two clock errors (alignment "
+        "error bar + device anchor uncertainty each)"
+    )
+
+
+def _calls_py(
+    found: list[tuple[int, int, int, int, dict[int, int], dict[int, int]]],
+    ranks: list[int],
+    names: list[str],
+    err: dict[int, int],
+) -> tuple[list[Occurrence], dict[int, CollectiveRank]]:
+    """The occurrences (`found`: (first arrival, step, name, ordinal, arrivals, ends), in order of
+    first arrival), each with its last rank, waits and call, and each rank's counts: one Python
+    loop per occurrence and rank. The reference of `_calls_columns`, and the path for ranks that
+    did not all run the same collectives."""
     occurrences = []
     last_n = {r: 0 for r in ranks}
     noisy_n = {r: 0 for r in ranks}
@@ -841,12 +891,63 @@ def _collectives(
                 suffered[r] += w
         occurrences.append(Occurrence(None if k < 0 else k, names[n], o, arr, ends, last, waits, margin, called))
     per_rank = {r: CollectiveRank(last_n[r], caused[r], suffered[r], noisy_n[r]) for r in ranks}
-    rule = (
-        f"{coll_rule}; occurrences are matched across ranks by (step, name, order within the step); a rank is "
-        "called last when it arrived after every other rank by more than their two clock errors (alignment "
-        "error bar + device anchor uncertainty each)"
-    )
-    return Collectives(rule, occurrences, per_rank)
+    return occurrences, per_rank
+
+
+def _calls_columns(
+    cols: list[tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]]],
+    rl: list[int],
+    ranks: list[int],
+    names: list[str],
+    err: dict[int, int],
+) -> tuple[list[Occurrence], dict[int, CollectiveRank]]:
+    """`_calls_py` where every rank of `rl` ran every occurrence: each occurrence's arrivals and
+    ends a tuple in `rl`'s order, so its last rank, runner-up and waits come from whole-tuple
+    builtins (max, index, map) and each rank's waits from two column sums, not a loop per rank."""
+    occurrences = []
+    last_n = {r: 0 for r in ranks}
+    noisy_n = {r: 0 for r in ranks}
+    caused = {r: 0 for r in ranks}
+    suffered = {r: 0 for r in ranks}
+    m = len(rl)
+    errs = [err[r] for r in rl]
+    t_sum = 0
+    for _, k, n, o, cs, ce in cols:
+        t = max(cs)
+        li = cs.index(t)  # ties: the first in `rl`'s order, as max over the dict gives
+        last = rl[li]
+        margin, called = 0, False
+        if m > 1:
+            try:  # the runner-up: the first other rank with the greatest arrival
+                ri = cs.index(t, li + 1)
+            except ValueError:
+                ri = cs.index(max(cs[:li] + cs[li + 1 :]))
+            margin = t - cs[ri]
+            called = margin > errs[li] + errs[ri]
+            if called:
+                last_n[last] += 1
+            else:
+                noisy_n[last] += 1
+            caused[last] += m * t - sum(cs)
+            t_sum += t
+        occurrences.append(
+            Occurrence(
+                None if k < 0 else k,
+                names[n],
+                o,
+                dict(zip(rl, cs)),
+                dict(zip(rl, ce)),
+                last,
+                dict(zip(rl, map(t.__sub__, cs))),
+                margin,
+                called,
+            )
+        )
+    if m > 1:  # a rank's waits: the last arrivals' sum less its own arrivals' sum
+        for r, own in zip(rl, zip(*(c[4] for c in cols))):
+            suffered[r] = t_sum - sum(own)
+    per_rank = {r: CollectiveRank(last_n[r], caused[r], suffered[r], noisy_n[r]) for r in ranks}
+    return occurrences, per_rank
 
 
 # ---- JSON ---------------------------------------------------------------------------------------

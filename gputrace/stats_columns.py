@@ -8,18 +8,27 @@ the rank slot of each track and the stride of the group keys (`name * stride + s
   unfinished spans in groups `-1 - slot`, a digest's cover spans in `-1 - stride - slot`; each
   span's `collective` argument as one byte (`MARKED_*`); and each rank slot's finished spans
   (not cover, not another process's), in trace order;
-- `sorted_durations`: end - start of a set of spans, ascending, as an int64 array.
+- `sorted_durations`: end - start of a set of spans, ascending, as an int64 array;
+- `take`: columns' items at a set of span indices, each as an int64 array (a gather);
+- `step_of`: the step (in a rank's steps sorted by start) each of a set of times falls in;
+- `track_split`: a rank's collectives on one track and its other spans off that track, as
+  (starts, ends) columns (the breakdown's exposed collective time).
 Columns take 8 bytes a span where lists took ~36 (a pointer and an int object).
 
-The loops are C (`_hot.stats_groups`, `_hot.stats_sorted_durations`, csrc/stats.c); `_groups_py`
-and `_sorted_durations_py` are their references and the fallback (`gputrace.native`).
+The loops are C (`_hot.stats_groups`, `_hot.stats_sorted_durations`, `_hot.stats_take`,
+`_hot.stats_step_of`, `_hot.stats_track_split`, csrc/stats.c); `_groups_py`,
+`_sorted_durations_py`, `_take_py`, `_step_of_py` and `_track_split_py` are their references and
+the fallback (`gputrace.native`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import and_, eq, ne, truth
 from types import ModuleType
 from typing import Any
 
@@ -94,6 +103,41 @@ def _sorted_durations_py(starts: Sequence[int], ends: Sequence[int], idx: Sequen
     return array("q", sorted(ends[i] - starts[i] for i in idx))
 
 
+def _take_py(idx: Sequence[int], *columns: Sequence[int]) -> tuple[array[int], ...]:
+    for i in idx:
+        if i < 0:  # as the C loop: a span index, never counted from the end
+            raise IndexError("stats_take: a span index out of range")
+    return tuple(array("q", map(c.__getitem__, idx)) for c in columns)
+
+
+def _step_of_py(step_starts: Sequence[int], step_ends: Sequence[int], starts: Sequence[int]) -> array[int]:
+    return array(
+        "q",
+        [
+            j - 1 if j and a < step_ends[j - 1] else -1
+            for j, a in zip(map(bisect_right, repeat(step_starts), starts), starts)
+        ],
+    )
+
+
+def _track_split_py(
+    starts: Sequence[int], ends: Sequence[int], tracks: Sequence[int], is_coll: bytes, track: int
+) -> tuple[array[int], array[int], array[int], array[int]]:
+    # Whole columns at a time (C-level maps), one byte a span.
+    coll = bytes(map(truth, is_coll))
+    mine = bytes(map(and_, coll, map(eq, tracks, repeat(track))))
+    others = bytes(map(and_, coll.translate(_NOT), map(ne, tracks, repeat(track))))
+    return (
+        array("q", compress(starts, mine)),
+        array("q", compress(ends, mine)),
+        array("q", compress(starts, others)),
+        array("q", compress(ends, others)),
+    )
+
+
+_NOT = bytes([1]) + bytes(255)  # bytes.translate table: 0 -> 1, else 0
+
+
 def _from_bytes(b: bytes) -> array[int]:
     a = array("q")
     a.frombytes(b)
@@ -136,3 +180,33 @@ def sorted_durations(starts: Sequence[int], ends: Sequence[int], idx: Sequence[i
     # Arrays are read in place, memoryviews copied once; a list becomes an array first.
     cols = idx if isinstance(idx, (array, memoryview)) else array("q", idx)
     return _from_bytes(_hot.stats_sorted_durations(starts, ends, cols))
+
+
+def take(idx: Sequence[int], *columns: Sequence[int]) -> tuple[array[int], ...]:
+    """For each column, its items at the span indices `idx` (non-negative), as int64 arrays."""
+    if _hot is None or not hasattr(_hot, "stats_take"):
+        return _take_py(idx, *columns)
+    # Arrays are read in place, a list becomes an array first (the index column once for all).
+    cols = [c if isinstance(c, (array, memoryview)) else array("q", c) for c in (idx, *columns)]
+    return tuple(map(_from_bytes, _hot.stats_take(*cols)))
+
+
+def step_of(step_starts: Sequence[int], step_ends: Sequence[int], starts: Sequence[int]) -> array[int]:
+    """Per time in `starts`: the index of the last step (`step_starts` ascending) that starts at
+    or before it, where that step has not ended by then (ends exclusive); else -1."""
+    if _hot is None or not hasattr(_hot, "stats_step_of"):
+        return _step_of_py(step_starts, step_ends, starts)
+    cols = [c if isinstance(c, (array, memoryview)) else array("q", c) for c in (step_starts, step_ends, starts)]
+    return _from_bytes(_hot.stats_step_of(*cols))
+
+
+def track_split(
+    starts: Sequence[int], ends: Sequence[int], tracks: Sequence[int], is_coll: bytes, track: int
+) -> tuple[array[int], array[int], array[int], array[int]]:
+    """(starts, ends) of the spans that are collectives (`is_coll`, one byte a span, not 0) on
+    `track`, then (starts, ends) of those that are neither collectives nor on `track`."""
+    if _hot is None or not hasattr(_hot, "stats_track_split"):
+        return _track_split_py(starts, ends, tracks, is_coll, track)
+    cols = [c if isinstance(c, (array, memoryview)) else array("q", c) for c in (starts, ends, tracks)]
+    a, b, c, d = map(_from_bytes, _hot.stats_track_split(*cols, bytes(is_coll), track))
+    return a, b, c, d

@@ -243,3 +243,125 @@ def test_grouping_takes_an_argument_column_of_no_memory() -> None:
     assert empty == plain
     assert list(empty.keys) == [0, 2, 1, 5]  # name * 2 + slot, in order of first sight
     assert list(empty.bounds) == [0, 1, 3, 4, 5] and not any(empty.marked)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_collective_calls_by_columns_are_the_per_rank_loops(seed: int) -> None:
+    """Last rank, runner-up (ties included: few distinct arrival times), margin, call, waits and
+    each rank's counts: `_calls_columns` on tuples equal `_calls_py` on the same occurrences as
+    dicts, with ranks in an order other than sorted and ranks that ran no collective."""
+    from gputrace import stats
+
+    rng = random.Random(seed)
+    world = rng.choice([1, 2, 3, 8, 64])
+    ranks = list(range(world + 2))
+    rl = rng.sample(range(world), world)
+    names = ["all_reduce", "all_gather", "broadcast"]
+    err = {r: rng.choice([0, 5, 40]) for r in ranks}
+    cols = []
+    for _ in range(rng.choice([0, 1, 30, 500])):
+        spread = rng.choice([1, 3, 100, 10_000])
+        cs = tuple(rng.randrange(spread) * 7 for _ in rl)
+        ce = tuple(a + rng.randrange(1, 1000) for a in cs)
+        cols.append((min(cs), rng.randrange(-1, 20), rng.randrange(len(names)), rng.randrange(3), cs, ce))
+    cols.sort(key=stats._first)
+    found = [(f, k, n, o, dict(zip(rl, cs)), dict(zip(rl, ce))) for f, k, n, o, cs, ce in cols]
+    assert stats._calls_columns(cols, rl, ranks, names, err) == stats._calls_py(found, ranks, names, err)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_gather_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.take` in C equals `_take_py`: int64 and long columns, an index column as a
+    list, an array or a view, none at all, repeats; an index past the end or below 0 raises."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 7, 3000])
+    cols = [
+        array("q", (rng.randrange(-(2**63), 2**63) for _ in range(n))),
+        array("l", (rng.randrange(-(10**9), 10**9) for _ in range(n))),
+        [rng.randrange(10**15) for _ in range(n)],
+    ]
+    idx = [rng.randrange(n) for _ in range(rng.randrange(2 * n + 1))] if n else []
+    want = columns._take_py(idx, *cols)
+    assert [len(w) for w in want] == [len(idx)] * 3
+    for form in (idx, array("q", idx), memoryview(array("q", idx))):
+        assert columns.take(form, *cols) == want
+        assert columns.take(form) == ()
+    for bad in ([n], [-1], [0, n + 5]):
+        for fn in (columns.take, columns._take_py):
+            with pytest.raises(IndexError):
+                fn(bad, *cols)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_step_lookup_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.step_of` in C equals `_step_of_py` (bisection into steps sorted by start,
+    ends exclusive): steps that touch, overlap, have gaps or none at all, times on their edges,
+    before the first and after the last."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 5, 500])
+    ss = sorted(rng.randrange(-1000, 10**6) for _ in range(n))
+    se = [s + rng.choice([0, 1, 50, 3000]) for s in ss]
+    edges = [x + d for x in ss + se for d in (-1, 0, 1)]
+    starts = [rng.randrange(-2000, 10**6 + 5000) for _ in range(rng.randrange(300))] + edges
+    want = columns._step_of_py(ss, se, starts)
+    assert len(want) == len(starts) and (not n or max(want) < n)
+    assert columns.step_of(ss, se, starts) == want
+    assert columns.step_of(array("q", ss), array("q", se), array("q", starts)) == want
+    with pytest.raises(ValueError):
+        columns.step_of(ss, se[:-1] if n else [1], starts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_spread_from_sorted_columns_is_the_median_absolute_deviation(seed: int) -> None:
+    """`causes._mad` (deviations of the sorted column) equals the median absolute deviation taken
+    in step order: odd and even lengths, repeats, a median between two values (a half)."""
+    from itertools import repeat
+    from operator import sub
+    from statistics import median
+
+    from gputrace import causes
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        n = rng.choice([1, 2, 3, 10, 101, 1000])
+        spread = rng.choice([1, 3, 10**3, 10**9])
+        v = [rng.randrange(spread) + rng.choice([0, 0, 10**6]) for _ in range(n)]
+        want = float(median(map(abs, map(sub, v, repeat(median(v))))))
+        assert causes._mad(v) == want
+        assert causes._mad_sorted(sorted(v), median(v)) == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_c_track_split_gives_what_its_python_twin_gives(seed: int) -> None:
+    """`stats_columns.track_split` in C equals `_track_split_py`: collectives on the track, and
+    spans neither collectives nor on it, from columns of any length (none too), bytes not 0/1."""
+    from array import array
+
+    from gputrace import stats_columns as columns
+
+    if columns._hot is None:
+        pytest.skip("the C build is not in use")
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 9, 2000])
+    starts = [rng.randrange(-(10**12), 10**12) for _ in range(n)]
+    ends = [s + rng.randrange(10**6) for s in starts]
+    tracks = array("l", (rng.randrange(4) for _ in range(n)))
+    is_coll = bytes(rng.choice([0, 0, 1, 2, 255]) for _ in range(n))
+    for t in range(-1, 5):
+        want = columns._track_split_py(starts, ends, tracks, is_coll, t)
+        assert columns.track_split(starts, ends, tracks, is_coll, t) == want
+        assert columns.track_split(array("q", starts), array("q", ends), tracks, is_coll, t) == want
+    with pytest.raises(ValueError):
+        columns.track_split(starts, ends, tracks, is_coll + b"\0", 0)

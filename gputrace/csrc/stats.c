@@ -190,9 +190,142 @@ out:
     return result;
 }
 
+PyDoc_STRVAR(stats_take_doc,
+             "stats_take(idx, *columns, /)\n--\n\n"
+             "stats_columns._take_py: for each column, its items at `idx`, as bytes of int64.");
+static PyObject *hot_stats_take(PyObject *self, PyObject *py_args) {
+    Py_ssize_t k = PyTuple_Size(py_args);
+    if (k < 1) {
+        PyErr_SetString(PyExc_TypeError, "stats_take: an index column and columns to take from");
+        return NULL;
+    }
+    PyObject *ki = NULL, *result = NULL, *got = NULL;
+    Py_ssize_t m;
+    const long long *idx = gt_column_items(PyTuple_GetItem(py_args, 0), &m, &ki);
+    if (!idx) goto out;
+    if (!(got = PyTuple_New(k - 1))) goto out;
+    for (Py_ssize_t c = 1; c < k; c++) {
+        PyObject *kc = NULL;
+        Py_ssize_t n;
+        long long *d = NULL;
+        const long long *col = gt_column_items(PyTuple_GetItem(py_args, c), &n, &kc);
+        if (!col) goto out;
+        PyObject *b = new_int64s(m, &d);
+        if (!b) { Py_XDECREF(kc); goto out; }
+        if (PyTuple_SetItem(got, c - 1, b) < 0) { Py_XDECREF(kc); goto out; }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            long long i = idx[j];
+            if (i < 0 || i >= n) {
+                PyErr_SetString(PyExc_IndexError, "stats_take: a span index out of range");
+                Py_XDECREF(kc);
+                goto out;
+            }
+            d[j] = col[i];
+        }
+        Py_XDECREF(kc);
+    }
+    result = got;
+    got = NULL;
+out:
+    Py_XDECREF(ki);
+    Py_XDECREF(got);
+    return result;
+}
+
+PyDoc_STRVAR(stats_step_of_doc,
+             "stats_step_of(step_starts, step_ends, starts, /)\n--\n\n"
+             "stats_columns._step_of_py: the step of each start (-1: none), as bytes of int64.");
+static PyObject *hot_stats_step_of(PyObject *self, PyObject *py_args) {
+    PyObject *so, *eo, *co;
+    if (!PyArg_ParseTuple(py_args, "OOO", &so, &eo, &co)) return NULL;
+    PyObject *ks = NULL, *ke = NULL, *kc = NULL, *result = NULL;
+    long long *d = NULL;
+    Py_ssize_t n, ne, m;
+    const long long *ss = gt_column_items(so, &n, &ks);
+    if (!ss) goto out;
+    const long long *se = gt_column_items(eo, &ne, &ke);
+    if (!se) goto out;
+    const long long *cs = gt_column_items(co, &m, &kc);
+    if (!cs) goto out;
+    if (ne != n) {
+        PyErr_SetString(PyExc_ValueError, "stats_step_of: step columns of different lengths");
+        goto out;
+    }
+    if (!(result = new_int64s(m, &d))) goto out;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        long long a = cs[i];
+        Py_ssize_t lo = 0, hi = n; /* bisect_right: the first step that starts after a */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (a < ss[mid]) hi = mid;
+            else lo = mid + 1;
+        }
+        d[i] = lo && a < se[lo - 1] ? (long long)(lo - 1) : -1;
+    }
+out:
+    Py_XDECREF(ks);
+    Py_XDECREF(ke);
+    Py_XDECREF(kc);
+    return result;
+}
+
+PyDoc_STRVAR(stats_track_split_doc,
+             "stats_track_split(starts, ends, tracks, is_coll, track, /)\n--\n\n"
+             "stats_columns._track_split_py: (starts, ends) of the collectives on `track`, then of the\n"
+             "spans that are neither collectives nor on it, as four bytes of int64.");
+static PyObject *hot_stats_track_split(PyObject *self, PyObject *py_args) {
+    PyObject *so, *eo, *to, *co;
+    long long t;
+    if (!PyArg_ParseTuple(py_args, "OOOSL", &so, &eo, &to, &co, &t)) return NULL;
+    PyObject *ks = NULL, *ke = NULL, *kt = NULL, *result = NULL;
+    PyObject *b[4] = {NULL, NULL, NULL, NULL};
+    long long *d[4] = {NULL, NULL, NULL, NULL};
+    Py_ssize_t n, ne, nt;
+    const long long *s = gt_column_items(so, &n, &ks);
+    if (!s) goto out;
+    const long long *e = gt_column_items(eo, &ne, &ke);
+    if (!e) goto out;
+    const long long *tr = gt_column_items(to, &nt, &kt);
+    if (!tr) goto out;
+    const char *c = PyBytes_AsString(co);
+    if (!c) goto out;
+    if (ne != n || nt != n || PyBytes_Size(co) != n) {
+        PyErr_SetString(PyExc_ValueError, "stats_track_split: columns of different lengths");
+        goto out;
+    }
+    Py_ssize_t mine = 0, others = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] && tr[i] == t) mine++;
+        else if (!c[i] && tr[i] != t) others++;
+    }
+    if (!(b[0] = new_int64s(mine, &d[0])) || !(b[1] = new_int64s(mine, &d[1])) ||
+        !(b[2] = new_int64s(others, &d[2])) || !(b[3] = new_int64s(others, &d[3])))
+        goto out;
+    Py_ssize_t m = 0, o = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] && tr[i] == t) {
+            d[0][m] = s[i];
+            d[1][m++] = e[i];
+        } else if (!c[i] && tr[i] != t) {
+            d[2][o] = s[i];
+            d[3][o++] = e[i];
+        }
+    }
+    result = PyTuple_Pack(4, b[0], b[1], b[2], b[3]);
+out:
+    Py_XDECREF(ks);
+    Py_XDECREF(ke);
+    Py_XDECREF(kt);
+    for (int k = 0; k < 4; k++) Py_XDECREF(b[k]);
+    return result;
+}
+
 static PyMethodDef stats_methods[] = {
     {"stats_groups", hot_stats_groups, METH_VARARGS, stats_groups_doc},
     {"stats_sorted_durations", hot_stats_sorted_durations, METH_VARARGS, stats_sorted_durations_doc},
+    {"stats_take", hot_stats_take, METH_VARARGS, stats_take_doc},
+    {"stats_step_of", hot_stats_step_of, METH_VARARGS, stats_step_of_doc},
+    {"stats_track_split", hot_stats_track_split, METH_VARARGS, stats_track_split_doc},
     {NULL},
 };
 
