@@ -365,3 +365,22 @@ def test_the_c_track_split_gives_what_its_python_twin_gives(seed: int) -> None:
         assert columns.track_split(array("q", starts), array("q", ends), tracks, is_coll, t) == want
     with pytest.raises(ValueError):
         columns.track_split(starts, ends, tracks, is_coll + b"\0", 0)
+
+
+def test_a_duration_past_64_bits_is_refused_by_both_twins() -> None:
+    """A span from the far past to the far future: its duration does not fit an int64. The C loop
+    says so as the Python twin's int64 column does, rather than wrapping to a negative time."""
+    from array import array
+
+    from gputrace import stats_columns
+
+    hot = stats_columns._hot
+    starts, ends, idx = array("q", [-(2**63), 0]), array("q", [2**63 - 1, 5]), array("q", [1, 0])
+    with pytest.raises(OverflowError):
+        stats_columns._sorted_durations_py(starts, ends, idx)
+    if hot is None:
+        pytest.skip("the C build is not in use")
+    with pytest.raises(OverflowError, match="past 64 bits"):
+        hot.stats_sorted_durations(starts, ends, idx)
+    # the other span alone is fine: 5 ns
+    assert array("q", hot.stats_sorted_durations(starts, ends, array("q", [1]))).tolist() == [5]

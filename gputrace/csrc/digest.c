@@ -417,17 +417,6 @@ static int sort_spans(Py_ssize_t *idx, Py_ssize_t m, const Cols *c, int (*cmp)(c
     return 0;
 }
 
-static PyObject *tuple_of_bytes(Vec *v, int n) {
-    PyObject *t = PyTuple_New(n);
-    if (!t) return NULL;
-    for (int i = 0; i < n; i++) {
-        PyObject *b = PyBytes_FromStringAndSize(v[i].n ? (const char *)v[i].v : "", v[i].n * 8);
-        if (!b) { Py_DECREF(t); return NULL; }
-        PyTuple_SetItem(t, i, b);
-    }
-    return t;
-}
-
 static PyObject *tuple_of_vecs(Vec *v, int n) {
     PyObject *t = PyTuple_New(n);
     if (!t) return NULL;
@@ -529,7 +518,7 @@ static PyObject *hot_digest_cover(PyObject *self, PyObject *args) {
             goto out;
         }
     }
-    result = as_bytes ? tuple_of_bytes(out, 3) : tuple_of_vecs(out, 3);
+    result = tuple_of_vecs(out, 3); /* as_bytes returned above */
 out:
     cols_free(&c);
     Py_XDECREF(ss.keep);

@@ -179,7 +179,11 @@ static PyObject *hot_stats_sorted_durations(PyObject *self, PyObject *py_args) {
             Py_CLEAR(result);
             goto out;
         }
-        d[j] = e[i] - s[i];
+        if (__builtin_sub_overflow(e[i], s[i], &d[j])) { /* as the twin's int64 array refuses it */
+            PyErr_SetString(PyExc_OverflowError, "stats_sorted_durations: a duration past 64 bits");
+            Py_CLEAR(result);
+            goto out;
+        }
         if (j && d[j - 1] > d[j]) sorted = 0;
     }
     if (!sorted) qsort(d, (size_t)m, sizeof(long long), q_cmp);
