@@ -50,8 +50,6 @@ except MemoryError:
 print(json.dumps({"peak": status("VmHWM:"), "imports": imports, "s": time.perf_counter() - t, "outcome": outcome}))
 """
 
-BASE = 1_700_000_000_000_000_000
-
 
 def make(d: str, events: int) -> dict[str, str]:
     sys.path.insert(0, ROOT)

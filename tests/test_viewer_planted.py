@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gputrace.demo import free_port, rank_environment
+from gputrace.stats import fmt_ns  # the page writes durations as the text summary does
 from gputrace.viewer import data, server
 
 from . import perfetto_ui
@@ -172,7 +173,7 @@ def test_the_page_shows_the_planted_causes(browser: Any, still_ui: server.UISour
             j = next(i for i in range(co["count"]) if co["step"][i] == 20)
             wait = co["wait"][r][j]
             assert wait > 5_000_000  # of the +15 ms; a loaded machine delays the waiting rank too
-            shown = f"waiting for the last rank {fmt_ms(st['coll_wait'][r][k])}"
+            shown = f"waiting for the last rank {fmt_ns(st['coll_wait'][r][k])}"
             assert shown in tip, tip
             assert abs(st["coll_wait"][r][k] - wait) < 1_000_000
             assert "transfer" in tip and "idle outside any span" in tip
@@ -192,15 +193,3 @@ def test_the_page_shows_the_planted_causes(browser: Any, still_ui: server.UISour
             assert page.errors == []
         finally:
             page.close()
-
-
-def fmt_ms(ns: int) -> str:
-    """As the page's fmtNs writes a duration."""
-    a = abs(ns)
-    if a >= 1e9:
-        return f"{ns / 1e9:.3f} s"
-    if a >= 1e6:
-        return f"{ns / 1e6:.3f} ms"
-    if a >= 1e3:
-        return f"{ns / 1e3:.1f} us"
-    return f"{ns} ns"

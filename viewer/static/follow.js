@@ -3,17 +3,10 @@
 // rank x step heatmap of busy time over the window of recent steps the server keeps. The server
 // computes every number; this page only draws. Text goes in with textContent only.
 
+import { fmtNs } from "./util.js";
+
 const LABEL_W = 64; // px for the rank labels left of the cells
 const ROW_H = 14;
-
-function fmtNs(ns) {
-  if (ns === null || ns === undefined) return "–";
-  const a = Math.abs(ns);
-  if (a >= 1e9) return `${(ns / 1e9).toFixed(3)} s`;
-  if (a >= 1e6) return `${(ns / 1e6).toFixed(3)} ms`;
-  if (a >= 1e3) return `${(ns / 1e3).toFixed(1)} us`;
-  return `${ns.toFixed(0)} ns`;
-}
 
 function cell(tr, text) {
   const td = document.createElement("td");
