@@ -60,3 +60,40 @@ def test_the_tail_reads_each_appended_span_once_and_again_after_a_rewrite(tmp_pa
     tail.read()
     assert tail.restarts == 1 and tail.finished
     assert sorted((k, e - s) for k, s, e in tail.got) == streamed  # the same spans, each once
+
+
+def test_a_file_of_endless_lines_is_not_held(tmp_path: Path) -> None:
+    """A trace not written one event a line (a whole trace on one line, another tool's, or a
+    hostile file): the reader holds at most about one line's limit, then leaves the file unread,
+    on the first read of a long file (its tail) and while it grows, until it is rewritten."""
+    import tracemalloc
+
+    class Small(chrome.StreamTail):
+        MAX_LINE = 1 << 20
+
+    path = tmp_path / "trace_rank0.json"
+    path.write_bytes(b'{"traceEvents": [\n' + b"x" * (24 << 20))
+    for tail_bytes in (1 << 30, 4 << 20):  # read from the start; a long file's tail
+        tail = Small(str(path), counted="step", tail_bytes=tail_bytes, read_bytes=256 << 10)
+        tracemalloc.start()
+        try:
+            tail.read()
+            with open(path, "ab") as f:
+                f.write(b"y" * (4 << 20))  # it grows
+            tail.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert tail.not_a_stream and tail.partial == b""
+        assert peak < 8 << 20, peak  # a few times the line limit, of a 24-28 MB file
+        path.write_bytes(b'{"traceEvents": [\n' + b"x" * (24 << 20))
+    # rewritten as a stream: read again
+    path.unlink()
+    gputrace.enable(out_dir=str(tmp_path), cuda=False)
+    try:
+        steps(3)
+        tail = Spans(str(path))
+        tail.read()
+        assert not tail.not_a_stream and [k for k, _, _ in tail.got].count(1) == 3
+    finally:
+        gputrace.disable()

@@ -1253,7 +1253,10 @@ class StreamTail:
     file was rewritten. A file longer than `tail_bytes` at the first read has its spans named
     `counted` before its last `tail_bytes` counted by byte search, not parsed (`skipped(n)`).
     `finished`: the file holds its closing line; `size` and `grew_at` (monotonic s): when it
-    was last seen to change size."""
+    was last seen to change size. A line longer than `MAX_LINE` (a trace not written one event
+    a line, or a hostile file) is not held: the file is then left unread, `not_a_stream` set."""
+
+    MAX_LINE = 16 << 20
 
     def __init__(
         self, path: str, counted: str | None = None, tail_bytes: int = 64 << 20, read_bytes: int = 8 << 20
@@ -1273,6 +1276,7 @@ class StreamTail:
         self.finished = False
         self.grew_at = time.monotonic()
         self.size = 0
+        self.not_a_stream = False
 
     # ---- what a subclass says -----------------------------------------------------------------
 
@@ -1309,7 +1313,7 @@ class StreamTail:
             if self.offset == 0 and st.st_size > self.tail_bytes:
                 self._skip(f, st.st_size - self.tail_bytes)
             f.seek(self.offset)
-            while True:
+            while not self.not_a_stream:
                 piece = f.read(self.read_bytes)
                 if not piece:
                     break
@@ -1318,17 +1322,28 @@ class StreamTail:
                 cut = data.rfind(b"\n") + 1
                 self.partial = data[cut:]
                 self._lines(data[:cut])
+                if len(self.partial) > self.MAX_LINE:
+                    self._refuse(st.st_size)
             if self.partial.strip() in (b"]}", b"]"):  # the finished file's last line has no newline
                 self.finished = True
+
+    def _refuse(self, size: int) -> None:
+        """A line too long to be one event: not a stream; read no more of it (till rewritten)."""
+        self.not_a_stream = True
+        self.partial = b""
+        self.offset = size
 
     def _skip(self, f: Any, to: int) -> None:
         """Count the `counted` spans in the file's first `to` bytes (to the end of the line there)
         and go on from that line: no line before is parsed. The needle is how the stream writes a
         span's name, followed by its pid."""
-        first = f.readline()
+        first = f.readline(self.MAX_LINE + 1)
         self._lines(first)  # the header: base time, the finished form
         f.seek(to)
-        f.readline()
+        rest = f.readline(self.MAX_LINE + 1)
+        if len(first) > self.MAX_LINE or len(rest) > self.MAX_LINE:
+            self._refuse(os.fstat(f.fileno()).st_size)
+            return
         end = f.tell()
         needle = b',"name":' + orjson.dumps(self.counted) + b',"pid":'
         f.seek(0)
