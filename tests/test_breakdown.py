@@ -428,6 +428,35 @@ def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(see
             assert sum(py[1]) > 0 and len(py[2]) > 0
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_loops_of_the_launch_lags_give_what_their_python_references_give(seed: int) -> None:
+    """Random host entries (none, zero, equal device starts, ties broken by the entry) on CUDA and
+    host tracks, placed in random steps, waiting past the last one or dropped between them."""
+    import random
+
+    if digest_breakdown._entries_c is None or digest_breakdown._lags_c is None:
+        pytest.skip("the C build is not in use")
+    from .conftest import random_cover_columns
+
+    rng = random.Random(seed)
+    names, tracks, starts, ends, skip, mask, ss, se, st = random_cover_columns(rng)
+    entry = array("q", (rng.choice([0, -3, s - rng.randrange(10**4)]) for s in starts))
+    cuda = bytes(rng.random() < 0.6 for _ in range(rng.randrange(0, 6)))
+    c = digest_breakdown._entries_c(entry, tracks, starts, ends, skip, cuda)
+    xs, ss_ = digest_breakdown._entries_py(entry, tracks, starts, ends, skip, cuda)
+    assert c == (xs.tobytes(), ss_.tobytes())
+    # Ties: equal device starts with different entries.
+    xs.extend(x - 1 for x in xs[: len(xs) // 3])
+    ss_.extend(ss_[: len(ss_) // 3])
+    for final in (False, True):
+        steps = (array("q", ss), se)
+        got = digest_breakdown._lags_c(xs, ss_, *steps, final)
+        idx, px, ps, wx, ws = digest_breakdown._lags_py(xs, ss_, *steps, final)
+        assert got == (idx, px, ps, wx.tobytes(), ws.tobytes())
+        if len(xs) > 100 and ss:
+            assert idx and (final or len(wx) or max(ss_) < max(se))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) -> None:
     import random
