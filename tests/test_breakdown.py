@@ -359,6 +359,8 @@ def test_a_digest_built_in_batches_has_the_launch_lags_and_self_times_of_the_who
     if loops == "python":
         monkeypatch.setattr(digest_breakdown, "_cover_c", None)
         monkeypatch.setattr(digest_breakdown, "_nest_c", None)
+        monkeypatch.setattr(digest_breakdown, "_entries_c", None)
+        monkeypatch.setattr(digest_breakdown, "_lags_c", None)
         monkeypatch.setattr(digest, "_rows_c", None)
         monkeypatch.setattr(digest, "_fold_c", None)
     elif digest_breakdown._nest_c is None:
