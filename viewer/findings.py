@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from operator import sub
 from typing import Any
 
 from gputrace import stats
@@ -65,7 +66,10 @@ def warmup_steps(st: stats.Steps) -> tuple[int, float]:
     if st.count < WARMUP_MIN_STEPS or not st.start_ns:
         return 0, 0.0
     most = min(WARMUP_MAX, st.count // 2)
-    times = [max(st.end_ns[r][k] - st.start_ns[r][k] for r in st.start_ns) for k in range(st.count)]
+    # Per step, the longest step time over ranks (whole columns at a time: C-level maps).
+    times = list(map(max, *(map(sub, st.end_ns[r][: st.count], st.start_ns[r][: st.count]) for r in st.start_ns)))
+    if len(st.start_ns) == 1:  # map(max, one column) would take each value for an iterable
+        times = [st.end_ns[r][k] - st.start_ns[r][k] for r in st.start_ns for k in range(st.count)]
     rest = sorted(times[most:])
     med = rest[len(rest) // 2]
     if med <= 0:
