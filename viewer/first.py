@@ -23,7 +23,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
-from operator import and_, eq, itemgetter
+from operator import and_, eq, itemgetter, le
 from typing import Any
 
 import orjson
@@ -224,20 +224,29 @@ class _Rows:
             self.hi.append(None)
             return
         # The time range of all its rows (the full document's base and duration): the maps are
-        # monotone, so each track's first start and last end, placed.
+        # monotone, so each map's first start and last end, placed.
         los, his = [], []
-        for ti in set(r.track):
-            on = list(map(eq, r.track, repeat(ti)))
-            los.append(_place(fns[ti], [min(compress(r.start, on))])[0])
-            his.append(_place(fns[ti], [max(map(int.__add__, compress(r.start, on), compress(r.dur, on)))])[0])
+        if len({id(f) for f in fns}) == 1:
+            los.append(_place(fns[0], [min(r.start)])[0])
+            his.append(_place(fns[0], [max(map(int.__add__, r.start, r.dur))])[0])
+        else:
+            for ti in set(r.track):
+                on = list(map(eq, r.track, repeat(ti)))
+                los.append(_place(fns[ti], [min(compress(r.start, on))])[0])
+                his.append(_place(fns[ti], [max(map(int.__add__, compress(r.start, on), compress(r.dur, on)))])[0])
         self.lo.append(min(los))
         self.hi.append(max(his))
-        finished = list(map(eq, map(and_, r.flags, repeat(digestfile.UNFINISHED)), repeat(0)))
+        # Finished spans only (C-level passes; none to look for where no flag says unfinished).
+        unfinished = max(r.flags) >= digestfile.UNFINISHED  # flags are 0-7: the bit set
+        finished: Any = (
+            list(map(eq, map(and_, r.flags, repeat(digestfile.UNFINISHED)), repeat(0))) if unfinished else None
+        )
         step_ids = [k for k, x in enumerate(r.names) if x == step]
         if len(step_ids) == 1:
-            steps = list(compress(range(n), map(and_, map(eq, r.name, repeat(step_ids[0])), finished)))
+            is_step = map(eq, r.name, repeat(step_ids[0]))
+            steps = list(compress(range(n), is_step if finished is None else map(and_, is_step, finished)))
         else:  # names the digest's cleaning made equal
-            steps = [i for i in compress(range(n), finished) if r.name[i] in step_ids]
+            steps = [i for i in range(n) if (finished is None or finished[i]) and r.name[i] in step_ids]
         if marked_true:
             # The spans marked collective=True (the step span too, were it marked).
             want = digestfile.COLL_TRUE | digestfile.UNFINISHED
@@ -246,8 +255,9 @@ class _Rows:
             waits = {k for k, x in enumerate(r.names) if x != step and stats.WAIT_NAMES.search(x)}
             colls = [
                 i
-                for i in compress(range(n), finished)
-                if r.name[i] in waits
+                for i in range(n)
+                if (finished is None or finished[i])
+                and r.name[i] in waits
                 and not (any_marked and r.flags[i] & digestfile.COLL and not r.flags[i] & digestfile.COLL_TRUE)
             ]
         for idx in (steps, colls):
@@ -258,7 +268,7 @@ class _Rows:
             rows = list(range(at, at + len(idx)))
             if idx is steps:
                 if rows:
-                    self.step_idx[slot] = sorted(rows, key=self.start.__getitem__)
+                    self.step_idx[slot] = _by_start(rows, self.start)
             else:
                 self.coll[slot] = rows
 
@@ -272,8 +282,20 @@ class _Rows:
             if skip and s in self.step_idx:
                 cut = start[self.step_idx[s][skip]]
                 got = [i for i in got if start[i] >= cut]
-            coll_idx[s] = sorted(got, key=start.__getitem__)
+            coll_idx[s] = _by_start(got, start)
         return stats._steps(step, skip, self.step_idx, coll_idx, ranks, start, self.end, self.anchor, notes)
+
+
+def _by_start(rows: list[int], start: array[int]) -> list[int]:
+    """Rows in start order, ties in their order (`sorted`'s); most come so already (one C-level
+    look then)."""
+    if len(rows) < 2:
+        return rows
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        times = start[rows[0] : rows[0] + len(rows)]
+        if all(map(le, times, times[1:])):
+            return rows
+    return sorted(rows, key=start.__getitem__)
 
 
 def _place(fn: Any, values: Sequence[int]) -> array[int]:
