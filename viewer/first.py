@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, compress, islice, repeat
 from operator import and_, eq, itemgetter, le
 from typing import Any
 
@@ -53,8 +53,11 @@ class _Rank:
         self.track: list[int] = spans["track"]
         self.dur: list[int] = spans["dur"]
         self.flags: list[int] = spans["flags"]
-        self.start = list(accumulate(spans["start"], initial=digest.trace.metadata["base_ns"]))  # type: ignore[union-attr]
+        deltas = spans["start"]
+        self.start = list(accumulate(deltas, initial=digest.trace.metadata["base_ns"]))  # type: ignore[union-attr]
         del self.start[0]
+        # The rows in start order (the recorder writes them so): no deltas below zero.
+        self.in_order = len(deltas) < 2 or min(islice(deltas, 1, None)) >= 0
         n = len(self.name)
         tracks = len(digest.trace.tracks)  # type: ignore[union-attr]
         # What the digest's reader checks of these columns (C-level passes): a digest it would
@@ -260,15 +263,19 @@ class _Rows:
                 and r.name[i] in waits
                 and not (any_marked and r.flags[i] & digestfile.COLL and not r.flags[i] & digestfile.COLL_TRUE)
             ]
+        in_order = r.in_order
         for idx in (steps, colls):
             at = len(self.start)
             starts = _at(r.start, idx)
             self.start.extend(_placed(fns, r.track, idx, starts))
             self.end.extend(_placed(fns, r.track, idx, list(map(int.__add__, starts, _at(r.dur, idx)))))
             rows = list(range(at, at + len(idx)))
+            # In start order (the order `stats.summarize` takes them in, ties in trace order): as
+            # they are where the digest's rows are and one map placed them all.
+            rows = rows if in_order and len(set(map(id, fns))) == 1 else _by_start(rows, self.start)
             if idx is steps:
                 if rows:
-                    self.step_idx[slot] = _by_start(rows, self.start)
+                    self.step_idx[slot] = rows
             else:
                 self.coll[slot] = rows
 
@@ -282,19 +289,18 @@ class _Rows:
             if skip and s in self.step_idx:
                 cut = start[self.step_idx[s][skip]]
                 got = [i for i in got if start[i] >= cut]
-            coll_idx[s] = _by_start(got, start)
+            coll_idx[s] = got  # a part of rows in start order
         return stats._steps(step, skip, self.step_idx, coll_idx, ranks, start, self.end, self.anchor, notes)
 
 
 def _by_start(rows: list[int], start: array[int]) -> list[int]:
-    """Rows in start order, ties in their order (`sorted`'s); most come so already (one C-level
-    look then)."""
+    """Rows (consecutive) in start order, ties in their order (`sorted`'s); most come so
+    already (one C-level look then)."""
     if len(rows) < 2:
         return rows
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        times = start[rows[0] : rows[0] + len(rows)]
-        if all(map(le, times, times[1:])):
-            return rows
+    times = start[rows[0] : rows[0] + len(rows)]
+    if all(map(le, times, times[1:])):
+        return rows
     return sorted(rows, key=start.__getitem__)
 
 
