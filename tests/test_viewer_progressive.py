@@ -270,3 +270,18 @@ def test_an_error_in_the_full_document_is_one_line_on_the_page_and_in_the_log(
     said = [x for x in err.splitlines() if "could not be computed" in x]
     assert len(said) == 1 and said[0].startswith("gputrace view: the full document could not be computed: ")
     assert "trace_rank3.json" in said[0] and "Traceback" not in err
+
+
+def test_a_view_ended_by_a_signal_leaves_no_worker_behind(many: Path, ui: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+    view = _View(many, ui, delay=60)  # the worker waits: it is still there when the view ends
+    try:
+        workers = psutil.Process(view.proc.pid).children()
+        assert workers, "no worker computing the full document"
+        status, _ = _get(view.url + "full.json?wait=0")
+        assert status == 202
+    finally:
+        view.proc.terminate()  # SIGTERM: no exit handler runs in the view
+        view.proc.communicate(timeout=60)
+    gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert alive == [] and len(gone) == len(workers)

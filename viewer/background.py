@@ -31,12 +31,16 @@ DELAY_ENV = "GPUTRACE_VIEW_DELAY_S"
 NICE = 10
 
 
-def _compute(job: data.DigestJob, delay_s: float, conn: Any) -> None:
+def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> None:
     """(In the worker) send ("ok", head, body), or ("error", the reason in one line, None)."""
     with contextlib.suppress(OSError, AttributeError):
         # Below the server and the first document in the CPU's queue: on a busy machine the page
         # comes first, the full document with the time left over.
         os.nice(NICE)
+    # A view ended by a signal that runs no exit handler (SIGTERM, SIGKILL) leaves no orphan
+    # computing behind it: the worker ends when its parent (`parent`, the view's pid: it may be
+    # gone before this runs) is gone.
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     if delay_s > 0:
         time.sleep(delay_s)
     try:
@@ -48,6 +52,12 @@ def _compute(job: data.DigestJob, delay_s: float, conn: Any) -> None:
         got = ("error", one_line(f"{type(e).__name__}: {e}"), None)
     conn.send(got)
     conn.close()
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 def one_line(text: str, limit: int = 400) -> str:
@@ -88,7 +98,7 @@ class FullBuild:
         self.started = time.monotonic()
         recv, send = ctx.Pipe(duplex=False)
         process = ctx.Process  # type: ignore[attr-defined]
-        self._process = process(target=_compute, args=(self.job, self.delay_s, send), daemon=True)
+        self._process = process(target=_compute, args=(self.job, self.delay_s, send, os.getpid()), daemon=True)
         self._process.start()
         send.close()  # the worker holds its end: the parent's read sees EOF if it dies
         self._thread = threading.Thread(target=self._wait, args=(recv,), daemon=True, name="gputrace-full")
