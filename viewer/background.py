@@ -123,6 +123,8 @@ class FullBuild:
             conn.close()
         if self._process is not None:
             self._process.join(5)
+        if kind == "error" and not threading.main_thread().is_alive():
+            return  # the view is exiting (Ctrl-C) and ended its worker: nothing failed
         self._finish(kind, first, second)
 
     def _finish(self, kind: str, first: Any, second: Any) -> None:
