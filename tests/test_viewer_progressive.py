@@ -140,8 +140,8 @@ def _get(url: str) -> tuple[int, bytes]:
 class _View:
     """`gputrace view DIR` in a real process, its full document held back `delay` seconds."""
 
-    def __init__(self, folder: Path, ui: Path, delay: float) -> None:
-        for old in folder.glob(".gputrace-view-*"):
+    def __init__(self, folder: Path, ui: Path, delay: float, first_after_run: bool = True) -> None:
+        for old in folder.glob(".gputrace-view-*") if first_after_run else ():
             old.unlink()  # the first view after the run
         env = {**os.environ, background.DELAY_ENV: str(delay)}
         cmd = [sys.executable, "-m", "gputrace", "view", str(folder), "--no-browser", "--perfetto-ui", str(ui)]
@@ -235,6 +235,14 @@ def test_the_heatmap_comes_first_then_the_page_upgrades_in_place(many: Path, ui:
         err = view.stop()
     assert "the full document is ready" in err and "Traceback" not in err
     assert len(list(many.glob(".gputrace-view-*"))) == 1  # kept for the next view
+    # The next view serves the kept document, all of it at once.
+    again = _View(many, ui, delay=60, first_after_run=False)
+    try:
+        doc = orjson.loads(_get(again.url + "data.json")[1])
+        assert "partial" not in doc and doc["collectives"] is not None and doc["steps"] == full["steps"]
+        assert _get(again.url + "full.json?wait=0")[0] == 200
+    finally:
+        again.stop()
 
 
 @pytest.mark.browser
