@@ -138,6 +138,17 @@ def cli_table(directory: str, ranks: int, steps: int, root: str = ROOT, repeat: 
     ui = tempfile.mkdtemp()
     with open(os.path.join(ui, "index.html"), "w") as f:
         f.write("<!doctype html><title>no timeline</title>")
+    if os.path.realpath(root) != os.path.realpath(ROOT):
+        # An editable install maps gputrace.viewer to its own checkout's viewer/: a copy made with
+        # `git archive` needs gputrace/viewer -> ../viewer to run its own.
+        where = subprocess.run(
+            [sys.executable, "-c", "import gputrace.viewer as v; print(v.__file__)"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not os.path.realpath(where).startswith(os.path.realpath(root) + os.sep):
+            raise SystemExit(f"{root}: its gputrace.viewer is {where}; link it: ln -s ../viewer {root}/gputrace/viewer")
     bare = traces_only(directory, ranks)
     rows = []
     load = [os.getloadavg()[0]]
