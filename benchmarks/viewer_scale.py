@@ -102,11 +102,19 @@ def traces_only(directory: str, ranks: int) -> str:
     return bare
 
 
-def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds (user + system) the process has used so far, its own (not its workers')."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
     """`gputrace view FOLDER` as a user runs it (the checkout at `root`), in a fresh process:
-    seconds from the command to its printed URL, to the page's first view (the heatmap
-    interactive) in Chromium, and to the full document drawn (breakdown, collectives, statistics,
-    causes: at once where the first document is the full one)."""
+    seconds from the command to its printed URL (and the CPU seconds the command had used by then,
+    its own), to the page's first view (the heatmap interactive) in Chromium, and to the full
+    document drawn (breakdown, collectives, statistics, causes: at once where the first document
+    is the full one)."""
     cmd = [sys.executable, "-m", "gputrace", "view", folder, "--no-browser", "--perfetto-ui", ui]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -119,12 +127,13 @@ def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float
         else:
             raise SystemExit(f"gputrace view {folder} printed no URL (exit {proc.wait()})")
         t_url = time.perf_counter() - t0
+        cpu = _cpu_s(proc.pid)
         page.goto(m.group(1))
         page.wait_for_selector("body[data-ready='1']", timeout=300_000)
         t_first = time.perf_counter() - t0
         if page.get_attribute("body", "data-full") not in (None, "1"):
             page.wait_for_selector("body[data-full='1'], body[data-full='error']", timeout=600_000)
-        return t_url, t_first, time.perf_counter() - t0
+        return t_url, t_first, time.perf_counter() - t0, cpu
     finally:
         proc.terminate()
         proc.wait()
@@ -171,9 +180,9 @@ def cli_table(directory: str, ranks: int, steps: int, root: str = ROOT, repeat: 
     print(
         f"gputrace view (the command, a fresh process, {root}), {ranks} ranks x {steps:,} steps, {os.cpu_count()} cores"
     )
-    print(f"{'from':<34} {'to the URL':>10} {'to the heatmap':>15} {'to the full document':>21}")
-    for what, t_url, t_page, t_full in rows:
-        print(f"{what:<34} {t_url:>9.2f}s {t_page:>14.2f}s {t_full:>20.2f}s")
+    print(f"{'from':<34} {'to the URL':>10} {'(its CPU)':>10} {'to the heatmap':>15} {'to the full document':>21}")
+    for what, t_url, t_page, t_full, cpu in rows:
+        print(f"{what:<34} {t_url:>9.2f}s {cpu:>9.2f}s {t_page:>14.2f}s {t_full:>20.2f}s")
     print(f"load average {min(load):.1f}-{max(load):.1f}")
 
 
