@@ -42,6 +42,25 @@ _EMPTY_STATS: dict[str, list[Any]] = {
 }
 
 
+_SMALL = bytes(range(256))
+#: Flags -> 1 for a finished row (bytes.translate tables), and for a finished row marked
+#: collective=True.
+_FINISHED = bytes(0 if f & digestfile.UNFINISHED else 1 for f in range(256))
+_MARKED_FINISHED = bytes(
+    1 if f & (digestfile.COLL_TRUE | digestfile.UNFINISHED) == digestfile.COLL_TRUE else 0 for f in range(256)
+)
+
+
+def _within(col: list[int], count: int) -> bool:
+    """Are all of `col` in [0, count)?"""
+    if count <= 256:
+        try:
+            return not bytes(col).translate(None, _SMALL[:count])
+        except ValueError:  # a value outside 0-255
+            return False
+    return 0 <= min(col) <= max(col) < count
+
+
 class _Rank:
     """One rank's digest as the first document reads it: its header (a `RankDigest` whose trace
     holds the process and tracks, no spans) and its span rows as the file's columns."""
@@ -64,13 +83,15 @@ class _Rank:
         # refuse is not read here either.
         if not len(self.track) == len(self.dur) == len(self.flags) == len(self.start) == n:
             raise ValueError("span columns of different lengths")
-        if n and not (
-            0 <= min(self.track) <= max(self.track) < tracks
-            and 0 <= min(self.name) <= max(self.name) < len(names)
-            and min(self.dur) >= 0
-            and 0 <= min(self.flags) <= max(self.flags) <= 7
-        ):
+        # Flags (0-7), and tracks and names where they are fewer than 256, as bytes: checked and
+        # picked from at C speed (bytes() refuses any other value).
+        self.flag_bytes = bytes(self.flags)
+        if self.flag_bytes.translate(None, _SMALL[:8]):
+            raise ValueError("a span's flags out of range")
+        if n and not (_within(self.track, tracks) and _within(self.name, len(names)) and min(self.dur) >= 0):
             raise ValueError("a span out of range")
+        # Each row's end (the time range, and the rows' ends).
+        self.end = list(map(int.__add__, self.start, self.dur))
 
 
 def _read(trace_path: str, digest_path: str, step: str) -> _Rank | None:
@@ -116,8 +137,8 @@ def document(job: data.DigestJob) -> dict[str, Any] | None:
         return None  # two files of one rank: the full document's merge says what to do
     rows = _Rows()
     # The collective rule of `stats.summarize`, over every rank's rows.
-    marked_true = any(f & digestfile.COLL_TRUE for r in ranks_read for f in set(r.flags))
-    any_marked = any(f & digestfile.COLL for r in ranks_read for f in set(r.flags))
+    marked_true = any(f & digestfile.COLL_TRUE for r in ranks_read for f in set(r.flag_bytes))
+    any_marked = any(f & digestfile.COLL for r in ranks_read for f in set(r.flag_bytes))
     lo: list[int] = []
     hi: list[int] = []
     for slot, rank in enumerate(ranks):
@@ -230,20 +251,18 @@ class _Rows:
         # monotone, so each map's first start and last end, placed.
         los, his = [], []
         if len({id(f) for f in fns}) == 1:
-            los.append(_place(fns[0], [min(r.start)])[0])
-            his.append(_place(fns[0], [max(map(int.__add__, r.start, r.dur))])[0])
+            los.append(_place(fns[0], [r.start[0] if r.in_order else min(r.start)])[0])
+            his.append(_place(fns[0], [max(r.end)])[0])
         else:
             for ti in set(r.track):
                 on = list(map(eq, r.track, repeat(ti)))
                 los.append(_place(fns[ti], [min(compress(r.start, on))])[0])
-                his.append(_place(fns[ti], [max(map(int.__add__, compress(r.start, on), compress(r.dur, on)))])[0])
+                his.append(_place(fns[ti], [max(compress(r.end, on))])[0])
         self.lo.append(min(los))
         self.hi.append(max(his))
         # Finished spans only (C-level passes; none to look for where no flag says unfinished).
-        unfinished = max(r.flags) >= digestfile.UNFINISHED  # flags are 0-7: the bit set
-        finished: Any = (
-            list(map(eq, map(and_, r.flags, repeat(digestfile.UNFINISHED)), repeat(0))) if unfinished else None
-        )
+        unfinished = max(r.flag_bytes) >= digestfile.UNFINISHED  # flags are 0-7: the bit set
+        finished: Any = r.flag_bytes.translate(_FINISHED) if unfinished else None
         step_ids = [k for k, x in enumerate(r.names) if x == step]
         if len(step_ids) == 1:
             is_step = map(eq, r.name, repeat(step_ids[0]))
@@ -252,8 +271,7 @@ class _Rows:
             steps = [i for i in range(n) if (finished is None or finished[i]) and r.name[i] in step_ids]
         if marked_true:
             # The spans marked collective=True (the step span too, were it marked).
-            want = digestfile.COLL_TRUE | digestfile.UNFINISHED
-            colls = list(compress(range(n), map(eq, map(and_, r.flags, repeat(want)), repeat(digestfile.COLL_TRUE))))
+            colls = list(compress(range(n), r.flag_bytes.translate(_MARKED_FINISHED)))
         else:
             waits = {k for k, x in enumerate(r.names) if x != step and stats.WAIT_NAMES.search(x)}
             colls = [
@@ -266,9 +284,8 @@ class _Rows:
         in_order = r.in_order
         for idx in (steps, colls):
             at = len(self.start)
-            starts = _at(r.start, idx)
-            self.start.extend(_placed(fns, r.track, idx, starts))
-            self.end.extend(_placed(fns, r.track, idx, list(map(int.__add__, starts, _at(r.dur, idx)))))
+            self.start.extend(_placed(fns, r.track, idx, _at(r.start, idx)))
+            self.end.extend(_placed(fns, r.track, idx, _at(r.end, idx)))
             rows = list(range(at, at + len(idx)))
             # In start order (the order `stats.summarize` takes them in, ties in trace order): as
             # they are where the digest's rows are and one map placed them all.
@@ -304,8 +321,9 @@ def _by_start(rows: list[int], start: array[int]) -> list[int]:
     return sorted(rows, key=start.__getitem__)
 
 
-def _place(fn: Any, values: Sequence[int]) -> array[int]:
-    return array("q", values) if fn is None else fn.column(values)
+def _place(fn: Any, values: Sequence[int]) -> Sequence[int]:
+    # A map that moves nothing (no clock sync recorded) leaves the values as they are.
+    return values if fn is None or not fn.knots else fn.column(values)
 
 
 def _at(values: list[int], idx: list[int]) -> Sequence[int]:
@@ -315,7 +333,7 @@ def _at(values: list[int], idx: list[int]) -> Sequence[int]:
     return [values[i] for i in idx]
 
 
-def _placed(fns: list[Any], track: list[int], idx: list[int], times: Sequence[int]) -> array[int]:
+def _placed(fns: list[Any], track: list[int], idx: list[int], times: Sequence[int]) -> Sequence[int]:
     """`times` (of rows `idx`, in that order), each through its row's track's map (one call per
     map)."""
     if len({id(f) for f in fns}) <= 1:
