@@ -43,8 +43,11 @@ def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> Non
     threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     if delay_s > 0:
         time.sleep(delay_s)
+    from gputrace.merge.run import no_cycle_collection
+
     try:
-        head, body = job.compute()
+        with no_cycle_collection():  # a process of its own, holding no cycles: as merge reads
+            head, body = job.compute()
         got: tuple[str, Any, Any] = ("ok", head, body)
     except GputraceError as e:
         got = ("error", one_line(str(e)), None)
