@@ -35,8 +35,10 @@ def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> Non
     """(In the worker) send ("ok", head, body), or ("error", the reason in one line, None)."""
     with contextlib.suppress(OSError, AttributeError):
         # Below the server and the first document in the CPU's queue: on a busy machine the page
-        # comes first, the full document with the time left over.
-        os.nice(NICE)
+        # comes first, the full document with the time left over (the parent niced it already
+        # where it could).
+        if os.getpriority(os.PRIO_PROCESS, 0) < os.getpriority(os.PRIO_PROCESS, parent) + NICE:
+            os.nice(NICE)
     # A view ended by a signal that runs no exit handler (SIGTERM, SIGKILL) leaves no orphan
     # computing behind it: the worker ends when its parent (`parent`, the view's pid: it may be
     # gone before this runs) is gone.
@@ -103,6 +105,9 @@ class FullBuild:
         process = ctx.Process  # type: ignore[attr-defined]
         self._process = process(target=_compute, args=(self.job, self.delay_s, send, os.getpid()), daemon=True)
         self._process.start()
+        with contextlib.suppress(OSError, AttributeError):
+            # Niced from its first instruction (its imports too), not only once it runs the job.
+            os.setpriority(os.PRIO_PROCESS, self._process.pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
         send.close()  # the worker holds its end: the parent's read sees EOF if it dies
         self._thread = threading.Thread(target=self._wait, args=(recv,), daemon=True, name="gputrace-full")
         self._thread.start()
