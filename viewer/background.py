@@ -2,11 +2,13 @@
 is served from its first document (`viewer.first`).
 
 Takes: a `data.DigestJob` (the files and the options of the document). Gives: `FullBuild`, which
-starts one spawned worker process (merge's pool's spawn context: it neither forks the server nor re-runs
-the caller's script) that computes the document exactly as `data.digest_view` does, and keeps it
-beside the digests (`cache`); the server waits on it (`wait`) and serves it once it is `ready`,
-or says the one line of its `error`. The worker runs on the machine's other core, so the server
-and the page's first view are not slowed by it.
+starts one spawned worker process (merge's pool's spawn context: it neither forks the server nor
+re-runs the caller's script) that computes the document exactly as `data.digest_view` does and
+keeps it beside the digests (`cache`); the server waits on it (`wait`) and serves it once it is
+`done`, or says the one line of its `error`. The worker runs at niceness +10 on the machine's
+other core, so that the server, the first document and the page come first; it ends with the
+view (`from_digests` gives what a view serves: the kept document, or the first one and the
+build of the full one).
 
 `GPUTRACE_VIEW_DELAY_S` (seconds, for tests and demonstrations of the page's two stages) makes
 the worker wait that long before it starts.
