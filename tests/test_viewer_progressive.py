@@ -32,7 +32,9 @@ STEP = 10_000_000
 SAME = ("format", "title", "inputs", "ranks", "labels", "base_ns", "duration_ns", "step_name", "timeline", "pids")
 
 
-def write_varied(d: Path, ranks: int, steps: int, *, marked: bool = True, warm: bool = True) -> None:
+def write_varied(
+    d: Path, ranks: int, steps: int, *, marked: bool = True, warm: bool = True, unfinished: bool = False
+) -> None:
     """Ranks with clock syncs (a drifting host map, and a device map for their CUDA streams), a
     host track beside two streams, a warm-up first step, a slow rank in a few steps, a spread of
     work; collectives marked, or only named like one (with an all_gather marked not one)."""
@@ -75,19 +77,29 @@ def write_varied(d: Path, ranks: int, steps: int, *, marked: bool = True, warm: 
                 t.add_span("all_gather", comm, s + work + 2_000_000, end, {"collective": False})
             t.add_span("step", compute, s, end)
             s = end + 50_000 + 1_000 * r
+        if unfinished and r == 1:  # a step and a collective open when the trace was written
+            t.add_span("step", compute, s, s + 3_000_000, {"unfinished": True})
+            t.add_span("all_reduce", comm, s + 1_000_000, s + 3_000_000, {"collective": True, "unfinished": True})
         path = d / f"trace_rank{r}.json"
         chrome.write(t, str(path))
         assert digest.write_for_trace(t, str(path), "step") is not None
 
 
 @pytest.mark.parametrize(
-    "marked, warm, skip",
-    [(True, True, None), (True, True, 2), (False, False, None), (False, True, 0)],
+    "marked, warm, skip, unfinished",
+    [
+        (True, True, None, False),
+        (True, True, 2, False),
+        (False, False, None, False),
+        (False, True, 0, False),
+        (True, True, None, True),
+        (False, False, 1, True),
+    ],
 )
 def test_the_first_documents_steps_are_the_full_documents(
-    tmp_path: Path, marked: bool, warm: bool, skip: int | None
+    tmp_path: Path, marked: bool, warm: bool, skip: int | None, unfinished: bool
 ) -> None:
-    write_varied(tmp_path, 5, 12, marked=marked, warm=warm)
+    write_varied(tmp_path, 5, 12, marked=marked, warm=warm, unfinished=unfinished)
     job = data.DigestJob(summary.find([str(tmp_path)]), "step", skip, False, [str(tmp_path)])
     doc = first.document(job)
     assert doc is not None and doc["partial"] is True
