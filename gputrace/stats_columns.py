@@ -180,6 +180,8 @@ def groups(
     names: Sequence[int], tracks: Sequence[int], args: list[Any], slot_of_track: Sequence[int], stride: int
 ) -> Groups:
     """Every span's group (key `name * stride + slot`; see the module's docstring)."""
+    if type(args) is not list and hasattr(args, "dense") and _hot is not None:
+        args = args.dense()  # a column of no or sparse memory, as a list while grouped (8 bytes a span)
     if _hot is None or type(args) is not list:
         return Groups(*_groups_py(names, tracks, args, slot_of_track, stride))
     slots = slot_of_track if isinstance(slot_of_track, array) else array("q", slot_of_track)

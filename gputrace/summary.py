@@ -39,7 +39,7 @@ from gputrace.trace.digestfile import (
     read,
     step_name_of,
 )
-from gputrace.trace.model import SpanColumns, Trace, _NoCats
+from gputrace.trace.model import SpanColumns, SparseArgs, Trace, _NoCats
 
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
@@ -547,10 +547,11 @@ def summary_of_files(
 
 def load_for_statistics(files: Sequence[str], **options: Any) -> Trace:
     """`merge.load(files, **options)`, each file read for the statistics alone: of a span's
-    arguments only those they look at (`stats_columns.ARGS`), and no categories, a column that
-    then takes no memory. The statistics of such a trace are those of the whole one; its spans'
-    arguments are not (not for a timeline or a written trace). Large blocks freed on the way go
-    back to the system at once (`heap.map_large_blocks`)."""
+    arguments only those they look at (`stats_columns.ARGS`), kept for the spans that have them
+    alone (`SparseArgs`), and no categories, a column that then takes no memory. The statistics
+    of such a trace are those of the whole one; its spans' arguments are not (not for a timeline
+    or a written trace). Large blocks freed on the way go back to the system at once
+    (`heap.map_large_blocks`)."""
     from gputrace import heap, merge
 
     heap.map_large_blocks()
@@ -559,6 +560,8 @@ def load_for_statistics(files: Sequence[str], **options: Any) -> Trace:
     sp = trace.spans
     if type(sp.cat) is list and sp.cat.count(None) == len(sp.cat):
         sp.cat = _NoCats(len(sp.cat))
+    if type(sp.args) is list:  # a pointer a span, where most are None
+        sp.args = SparseArgs(sp.args)
     return trace
 
 

@@ -103,3 +103,27 @@ def dataclasses_equal(a: stats.Summary, b: stats.Summary) -> bool:
     import dataclasses
 
     return dataclasses.replace(a, notes=a.notes[1:]) == b
+
+
+def test_a_sparse_args_column_reads_as_the_list_it_came_from() -> None:
+    from gputrace.trace.model import SparseArgs
+
+    dense = [None, {"collective": True}, None, None, {"unfinished": True}, None]
+    col = SparseArgs(dense)
+    assert len(col) == 6 and list(col) == dense and col.dense() == dense
+    assert col[1] == {"collective": True} and col[-2] == {"unfinished": True} and col[0] is None
+    assert col[1:5] == dense[1:5] and col[::-1] == dense[::-1]
+    assert col.rows == {1: {"collective": True}, 4: {"unfinished": True}}
+    with pytest.raises(IndexError):
+        col[6]
+    with pytest.raises(TypeError):
+        col.append(None)
+
+
+def test_the_statistics_trace_holds_the_marked_spans_arguments_alone(files: dict[str, Path]) -> None:
+    from gputrace.trace.model import SparseArgs
+
+    t = summary.load_for_statistics([str(files["pftrace"])])
+    assert isinstance(t.spans.args, SparseArgs) and len(t.spans.args) == len(t.spans)
+    assert 0 < len(t.spans.args.rows) < len(t.spans) // 10
+    assert len(t.spans.cat) == len(t.spans) and t.spans.cat[0] is None
