@@ -127,3 +127,51 @@ def test_the_statistics_trace_holds_the_marked_spans_arguments_alone(files: dict
     assert isinstance(t.spans.args, SparseArgs) and len(t.spans.args) == len(t.spans)
     assert 0 < len(t.spans.args.rows) < len(t.spans) // 10
     assert len(t.spans.cat) == len(t.spans) and t.spans.cat[0] is None
+
+
+def test_view_serves_the_page_from_the_lean_read_and_the_timeline_with_every_argument(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    """`gputrace view` of a trace (a real process): its page's numbers are the whole trace's, and
+    the timeline, read when it is first asked for, carries every argument of every span."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import orjson
+
+    from gputrace import merge
+
+    from .test_viewer import get
+
+    path = files["pftrace"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputrace", "view", str(path), "--no-browser", "--perfetto-ui", "https://ui.example.org"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.match(r"gputrace view: http://127\.0\.0\.1:(\d+)/ ", line)
+        assert m, line
+        addr = ("127.0.0.1", int(m.group(1)))
+        status, _, body = get(addr, "/data.json")
+        whole = merge.load([str(path)])
+        want = data.document(whole, inputs=[str(path)])
+        got = orjson.loads(body)
+        assert status == 200 and got["spans"] == len(whole.spans) and want["steps"]
+        for key, value in want.items():
+            if key not in ("timeline", "open"):  # what the server adds to the document
+                assert got[key] == orjson.loads(orjson.dumps(value)), key
+        status, _, body = get(addr, "/trace.json")
+        assert status == 200 and body == data.timeline_trace(whole, want["base_ns"])
+        events = orjson.loads(body)["traceEvents"]
+        assert {"bytes", "group", "collective", "step", "unfinished"} <= {k for e in events for k in e.get("args", {})}
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err
