@@ -221,8 +221,10 @@ def rank_breakdown(
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """One rank's idle, collective wait, collective transfer and exposed collective time in each
     step window. The spans (`starts`, `ends`, `tracks`, and whether each is a collective): the
-    rank's spans other than steps and their ancestors; `transfers`: each of its collectives' time
-    after the last rank arrived (starts, ends); `wait_ns`: each step's time inside collectives."""
+    rank's spans other than steps and their ancestors (`tracks` may be empty where none is a
+    collective: they serve the exposed collective time alone); `transfers`: each of its
+    collectives' time after the last rank arrived (starts, ends); `wait_ns`: each step's time
+    inside collectives."""
     # The step windows and the picked spans as int64 arrays once, not at every loop's call.
     step_starts, step_ends = _q(step_starts), _q(step_ends)
     idle = [b - a - x for a, b, x in zip(step_starts, step_ends, covered(starts, ends, step_starts, step_ends))]

@@ -748,13 +748,16 @@ def _breakdown(
         if mine:  # the picked spans' columns (one C gather each), then the cover's
             ms, me, mt = columns.take(mine, start, end, track)
             cs, ce, ct = _then(ms, cs), _then(me, ce), _then(mt, ct)
+        is_coll = bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine))))  # a byte a span
+        if is_coll.count(0) == len(is_coll):
+            ct = array("q")  # the tracks serve the exposed collective time alone: none here (8 bytes a span)
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
             cs,  # the cover alone (a whole trace of one rank): its columns, not copies
             ce,
             ct,
-            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine)))),  # one byte a span
+            is_coll,
             (transfers[r][0], transfers[r][1]),
             steps.wait_ns[r],
         )
