@@ -147,7 +147,16 @@ def test_view_serves_the_page_from_the_lean_read_and_the_timeline_with_every_arg
 
     path = files["pftrace"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gputrace", "view", str(path), "--no-browser", "--perfetto-ui", "https://ui.example.org"],
+        [
+            sys.executable,
+            "-m",
+            "gputrace",
+            "view",
+            str(path),
+            "--no-browser",
+            "--perfetto-ui",
+            "https://ui.example.org",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -175,3 +184,34 @@ def test_view_serves_the_page_from_the_lean_read_and_the_timeline_with_every_arg
     finally:
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def test_a_timeline_trace_that_cannot_be_read_then_is_one_line(files: dict[str, Path], tmp_path: Path) -> None:
+    """The page's trace was read; the timeline's, read when first asked, is gone by then: the
+    timeline gets one line (500), the page stays, and the server prints nothing."""
+    import contextlib
+    import io
+    import threading
+
+    from gputrace.viewer import server
+
+    from .test_viewer import get
+
+    path = tmp_path / "trace_rank0.json"
+    path.write_bytes(files["json"].read_bytes())
+    doc = data.document(summary.load_for_statistics([str(path)]))
+    viewer = server.Viewer(lambda: data.load([str(path)]), doc, server.resolve_ui("https://ui.example.org"))
+    path.unlink()
+    err = io.StringIO()
+    httpd = viewer.serve(0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with contextlib.redirect_stderr(err):
+            status, _, body = get(httpd.server_address, "/trace.json")
+            assert status == 500 and body.decode().count("\n") == 1 and str(path) in body.decode()
+            assert get(httpd.server_address, "/trace.json?start=0&end=1000")[0] == 500
+            assert get(httpd.server_address, "/data.json")[0] == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert err.getvalue() == ""
