@@ -519,9 +519,20 @@ def view(
     if doc is not None:
         click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
     else:
+        from gputrace.summary import load_for_statistics
+
         click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
-        trace = data.load(files, ranks=sel.ranks, steps=sel.steps, window=sel.window, step_name=sel.step_name)
-        doc = data.document(trace, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths)
+        # The page's numbers from the traces read for the statistics alone; the timeline's trace,
+        # with every argument, read when the timeline first asks (the two never held at once).
+        wanted = {"ranks": sel.ranks, "steps": sel.steps, "window": sel.window, "step_name": sel.step_name}
+        doc = data.document(
+            load_for_statistics(files, **wanted),
+            step=sel.step_name,
+            skip_steps=skip_steps,
+            require_step=require_step,
+            inputs=paths,
+        )
+        trace = functools.partial(data.load, files, **wanted)
     if compare is not None:
         doc["compare"] = data.compare(
             list(paths), [compare], step=sel.step, skip_steps=sel.skip_steps, ranks=sel.ranks, steps=sel.steps

@@ -482,6 +482,13 @@ def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) 
         ws = sorted(rng.randrange(10**5) for _ in range(rng.randrange(0, 50)))
         we = [w + rng.randrange(0, 5000) for w in ws]
         assert bd._within_c(*map(_arr, ua), _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
+        # The union's length in each window without its columns: windows in any order, nested,
+        # overlapping, empty and inverted ones too.
+        vs = [rng.randrange(-10, 10**5) for _ in range(rng.randrange(0, 50))]
+        ve = [v + rng.choice([-5, 0, rng.randrange(0, 5000), rng.randrange(0, 10**5)]) for v in vs]
+        got = bd._covered_c(*a, _arr(vs), _arr(ve))
+        assert got == bd._covered_py(*a, vs, ve) == bd._within_py(*ua, vs, ve)
+        assert bd._covered_c(*a, _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
 
 
 def test_the_python_twins_give_the_summary_and_digest_of_the_c_build() -> None:

@@ -72,9 +72,9 @@ def warmup_steps(st: stats.Steps) -> tuple[int, float]:
         return 0, 0.0
     most = min(WARMUP_MAX, st.count // 2)
     # Per step, the longest step time over ranks (whole columns at a time: C-level maps).
-    times = list(map(max, *(map(sub, st.end_ns[r][: st.count], st.start_ns[r][: st.count]) for r in st.start_ns)))
-    if len(st.start_ns) == 1:  # map(max, one column) would take each value for an iterable
-        times = [st.end_ns[r][k] - st.start_ns[r][k] for r in st.start_ns for k in range(st.count)]
+    cols = [map(sub, st.end_ns[r][: st.count], st.start_ns[r][: st.count]) for r in st.start_ns]
+    # map(max, one column) would take each value for an iterable: one rank's column is the times.
+    times = list(cols[0]) if len(cols) == 1 else list(map(max, *cols))
     rest = sorted(times[most:])
     med = rest[len(rest) // 2]
     if med <= 0:

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -169,11 +169,19 @@ class Viewer:
     """The state one `gputrace view` serves."""
 
     def __init__(
-        self, trace: Trace, doc: dict[str, Any], ui: UISource, name: str = "trace", body: bytes | None = None
+        self,
+        trace: Trace | Callable[[], Trace],
+        doc: dict[str, Any],
+        ui: UISource,
+        name: str = "trace",
+        body: bytes | None = None,
     ) -> None:
         """`body`: the rest of the document, encoded, when `doc` holds only its small keys
-        (`data.split`)."""
-        self.trace = trace
+        (`data.split`). `trace`: the timeline's trace, or what reads it when the timeline first
+        asks (so a page whose document came from a trace read for its statistics alone holds
+        that one and this one never at once)."""
+        self._trace = trace if isinstance(trace, Trace) else None
+        self._read_trace = None if isinstance(trace, Trace) else trace
         self.ui = ui
         self.base_ns: int = doc["base_ns"]
         self.end_ns: int = doc["duration_ns"] + 1  # the window the whole trace covers: [0, end_ns)
@@ -183,6 +191,7 @@ class Viewer:
         self.csp = page_csp(ui)
         self._whole: bytes | None = None
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self.full: Any = None  # a `background.FullBuild` while the document served is the first one
 
     def _encoded(self, doc: dict[str, Any], body: bytes | None) -> bytes:
@@ -214,6 +223,16 @@ class Viewer:
             self.document = self._encoded(head, b.body)
 
         build.on_done(done)
+
+    @property
+    def trace(self) -> Trace:
+        """The timeline's trace (read on first use, once)."""
+        with self._read_lock:
+            if self._trace is None:
+                assert self._read_trace is not None
+                self._trace = self._read_trace()
+                self._read_trace = None
+            return self._trace
 
     def whole_trace(self) -> bytes:
         with self._lock:
@@ -375,6 +394,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self._not_found(head)
 
     def _trace(self, query: dict[str, list[str]], head: bool) -> None:
+        try:
+            self._trace_of(query, head)
+        except GputraceError as e:  # the timeline's trace could not be read (changed or gone since)
+            self._send(500, f"{e}\n".encode(), "text/plain; charset=utf-8", head)
+
+    def _trace_of(self, query: dict[str, list[str]], head: bool) -> None:
         v = self.viewer
         if "download" in query:
             return self._stream(v.download(), v.filename, head)

@@ -916,6 +916,128 @@ out:
     return result;
 }
 
+/* Sort intervals by iv_cmp in place: an introsort (quicksort, heapsort past a depth, insertion
+ * sort of short runs), where glibc's qsort takes a second buffer as large as the array. */
+static void iv_swap(Iv *a, Iv *b) {
+    Iv t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static void iv_sift(Iv *v, Py_ssize_t root, Py_ssize_t n) {
+    for (;;) {
+        Py_ssize_t child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && iv_cmp(&v[child], &v[child + 1]) < 0) child++;
+        if (iv_cmp(&v[root], &v[child]) >= 0) return;
+        iv_swap(&v[root], &v[child]);
+        root = child;
+    }
+}
+
+static void iv_sort(Iv *v, Py_ssize_t n, int depth) {
+    while (n > 16) {
+        if (depth-- == 0) { /* heapsort: no worse than n log n whatever the order */
+            for (Py_ssize_t i = n / 2; i-- > 0;) iv_sift(v, i, n);
+            for (Py_ssize_t i = n - 1; i > 0; i--) {
+                iv_swap(&v[0], &v[i]);
+                iv_sift(v, 0, i);
+            }
+            return;
+        }
+        Py_ssize_t mid = n / 2; /* the median of three to v[0], then Hoare's partition around it */
+        if (iv_cmp(&v[mid], &v[0]) < 0) iv_swap(&v[mid], &v[0]);
+        if (iv_cmp(&v[n - 1], &v[0]) < 0) iv_swap(&v[n - 1], &v[0]);
+        if (iv_cmp(&v[n - 1], &v[mid]) < 0) iv_swap(&v[n - 1], &v[mid]);
+        iv_swap(&v[0], &v[mid]);
+        Iv pivot = v[0];
+        Py_ssize_t i = 0, j = n;
+        for (;;) {
+            do i++; while (i < n && iv_cmp(&v[i], &pivot) < 0);
+            do j--; while (iv_cmp(&v[j], &pivot) > 0);
+            if (i >= j) break;
+            iv_swap(&v[i], &v[j]);
+        }
+        iv_swap(&v[0], &v[j]);
+        /* The smaller side by recursion, the larger by the loop: a stack of log n at most. */
+        if (j < n - j - 1) {
+            iv_sort(v, j, depth);
+            v += j + 1;
+            n -= j + 1;
+        } else {
+            iv_sort(v + j + 1, n - j - 1, depth);
+            n = j;
+        }
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        Iv x = v[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && iv_cmp(&v[j - 1], &x) > 0; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
+PyDoc_STRVAR(interval_covered_doc,
+             "interval_covered(starts, ends, ws, we, /)\n--\n\n"
+             "breakdown.covered: for each window [ws[k], we[k]), the length of the union of the [start, end)\n"
+             "intervals inside it (interval_within of interval_union, without the union's columns).");
+static PyObject *hot_interval_covered(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    Iv *v = NULL;
+    long long *got = NULL;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_covered: columns of different lengths");
+        goto out;
+    }
+    const long long *a = c[0].v, *b = c[1].v, *ws = c[2].v, *we = c[3].v;
+    Py_ssize_t n = c[0].n, nw = c[2].n, m = 0, k = 0;
+    v = PyMem_Malloc(sizeof(Iv) * (size_t)(n ? n : 1));
+    got = PyMem_Malloc(sizeof(long long) * (size_t)(nw ? nw : 1));
+    if (!v || !got) { PyErr_NoMemory(); goto out; }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b[i] <= a[i]) continue;
+        v[m].s = a[i];
+        v[m].e = b[i];
+        if (m && iv_cmp(&v[m - 1], &v[m]) > 0) sorted = 0;
+        m++;
+    }
+    if (!sorted) {
+        int depth = 0;
+        for (Py_ssize_t x = m; x > 1; x >>= 1) depth += 2;
+        iv_sort(v, m, depth);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) { /* the union, in place: sorted, disjoint, touching ones joined */
+        if (k && v[i].s <= v[k - 1].e) {
+            if (v[i].e > v[k - 1].e) v[k - 1].e = v[i].e;
+        } else {
+            v[k++] = v[i];
+        }
+    }
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        long long lo = ws[w], hi = we[w], sum = 0;
+        Py_ssize_t i = 0, j = k;
+        while (i < j) { /* the first interval that ends after lo (the ends ascend too) */
+            Py_ssize_t mid = i + (j - i) / 2;
+            if (v[mid].e <= lo) i = mid + 1;
+            else j = mid;
+        }
+        for (; i < k && v[i].s < hi; i++) sum += (v[i].e < hi ? v[i].e : hi) - (v[i].s > lo ? v[i].s : lo);
+        got[w] = sum;
+    }
+    result = list_ll(got, nw);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    PyMem_Free(v);
+    PyMem_Free(got);
+    return result;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
@@ -926,6 +1048,7 @@ static PyMethodDef digest_methods[] = {
     {"interval_union", hot_interval_union, METH_VARARGS, interval_union_doc},
     {"interval_minus", hot_interval_minus, METH_VARARGS, interval_minus_doc},
     {"interval_within", hot_interval_within, METH_VARARGS, interval_within_doc},
+    {"interval_covered", hot_interval_covered, METH_VARARGS, interval_covered_doc},
     {NULL},
 };
 
