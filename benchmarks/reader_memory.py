@@ -36,6 +36,12 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key): return int(line.split()[1]) * 1024
 op, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+try:  # the heap as the commands set it (gputrace summary, gputrace view), where the tree has it
+    from gputrace import heap
+    if op in ("summary", "view", "timeline"):
+        heap.map_large_blocks()
+except ImportError:
+    pass
 # What `gputrace view` reads for its page (the whole trace, in code that has no other read).
 page_read = getattr(summary, "load_for_statistics", data.load)
 call = {

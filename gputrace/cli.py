@@ -214,9 +214,10 @@ def _summary_text(
 ) -> str:
     import orjson
 
-    from gputrace import live, stats
+    from gputrace import heap, live, stats
     from gputrace.summary import summary_of_files
 
+    heap.map_large_blocks()  # the command reads traces whole: freed large blocks go back at once
     sel = selection or Selection()
     opened = live.read_all(paths)  # a live or killed run: where each rank is, on top
     try:
@@ -519,8 +520,10 @@ def view(
     if doc is not None:
         click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
     else:
+        from gputrace import heap
         from gputrace.summary import load_for_statistics
 
+        heap.map_large_blocks()  # freed large blocks go back at once (the page's read, then the timeline's)
         click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
         # The page's numbers from the traces read for the statistics alone; the timeline's trace,
         # with every argument, read when the timeline first asks (the two never held at once).

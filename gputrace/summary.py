@@ -550,11 +550,11 @@ def load_for_statistics(files: Sequence[str], **options: Any) -> Trace:
     arguments only those they look at (`stats_columns.ARGS`), kept for the spans that have them
     alone (`SparseArgs`), and no categories, a column that then takes no memory. The statistics
     of such a trace are those of the whole one; its spans' arguments are not (not for a timeline
-    or a written trace). Large blocks freed on the way go back to the system at once
-    (`heap.map_large_blocks`)."""
-    from gputrace import heap, merge
+    or a written trace). The CLI's commands also have large blocks freed on the way given back
+    to the system at once (`heap.map_large_blocks`): a process-wide setting, which the library
+    leaves to the process that reads (a training process calling this keeps its own)."""
+    from gputrace import merge
 
-    heap.map_large_blocks()
     with registry.only_args(stats_columns.ARGS):
         trace = merge.load(files, **options)
     sp = trace.spans
