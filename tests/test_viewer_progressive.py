@@ -5,6 +5,7 @@ the page and in the command's log."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -103,7 +104,11 @@ def test_the_first_documents_steps_are_the_full_documents(
     job = data.DigestJob(summary.find([str(tmp_path)]), "step", skip, False, [str(tmp_path)])
     doc = first.document(job)
     assert doc is not None and doc["partial"] is True
-    full = data.join(*job.compute())
+    # The full document found its own warm-up steps, as a view without a first one does ...
+    full = data.join(*dataclasses.replace(job, warmup=None).compute())
+    # ... and the worker's, told them by the first document, summarises once to the same bytes.
+    assert (job.warmup is not None) == (skip is None)
+    assert data.join(*job.compute()) == full
     for k in SAME:
         assert doc[k] == full[k], k
     assert doc["steps"] == {k: full["steps"][k] for k in doc["steps"]}
@@ -152,12 +157,20 @@ def _get(url: str) -> tuple[int, bytes]:
 class _View:
     """`gputrace view DIR` in a real process, its full document held back `delay` seconds."""
 
-    def __init__(self, folder: Path, ui: Path, delay: float, first_after_run: bool = True) -> None:
+    def __init__(self, folder: Path, ui: Path, delay: float, first_after_run: bool = True, group: bool = False) -> None:
         for old in folder.glob(".gputrace-view-*") if first_after_run else ():
             old.unlink()  # the first view after the run
         env = {**os.environ, background.DELAY_ENV: str(delay)}
         cmd = [sys.executable, "-m", "gputrace", "view", str(folder), "--no-browser", "--perfetto-ui", str(ui)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            start_new_session=group,  # a process group of its own, as a terminal's job is
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         m = re.match(r"gputrace view: (http://127\.0\.0\.1:\d+/) ", line)
@@ -290,6 +303,45 @@ def test_an_error_in_the_full_document_is_one_line_on_the_page_and_in_the_log(
     said = [x for x in err.splitlines() if "could not be computed" in x]
     assert len(said) == 1 and said[0].startswith("gputrace view: the full document could not be computed: ")
     assert "trace_rank3.json" in said[0] and "Traceback" not in err
+
+
+def test_ctrl_c_in_a_terminal_ends_the_view_and_its_worker_without_a_traceback(many: Path, ui: Path) -> None:
+    """A terminal's Ctrl-C is SIGINT to the whole process group, the worker computing the full
+    document included: the view ends as Ctrl-C ends it, the worker with it, and nothing is
+    printed from the worker."""
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    view = _View(many, ui, delay=60, group=True)
+    workers = psutil.Process(view.proc.pid).children()
+    assert workers, "no worker computing the full document"
+    time.sleep(1.0)  # the worker past its start (its imports; then it waits, as a long job would)
+    os.killpg(view.proc.pid, signal.SIGINT)
+    out, err = view.proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    gone, alive = psutil.wait_procs(workers, timeout=20)
+    assert alive == [] and len(gone) == len(workers)
+
+
+def test_the_worker_leaves_sigint_to_the_view(tmp_path: Path) -> None:
+    """SIGINT reaches the worker too where a terminal sends it (the process group): the worker
+    ignores it (no traceback of its own, no error for the page); the view ends it."""
+    import signal
+    import time
+
+    write_varied(tmp_path, 3, 6)
+    job = data.DigestJob(summary.find([str(tmp_path)]), "step", None, False, [str(tmp_path)])
+    build = background.FullBuild(job, delay_s=30).start()
+    try:
+        pid = build._process.pid
+        time.sleep(1.5)  # past its start
+        os.kill(pid, signal.SIGINT)
+        time.sleep(1.5)
+        assert build._process.is_alive() and not build.done
+    finally:
+        build.stop()
+    assert not build._process.is_alive()
 
 
 def test_a_view_ended_by_a_signal_leaves_no_worker_behind(many: Path, ui: Path) -> None:

@@ -5,10 +5,12 @@ Takes: a `data.DigestJob` (the files and the options of the document). Gives: `F
 starts one spawned worker process (merge's pool's spawn context: it neither forks the server nor
 re-runs the caller's script) that computes the document exactly as `data.digest_view` does and
 keeps it beside the digests (`cache`); the server waits on it (`wait`) and serves it once it is
-`done`, or says the one line of its `error`. The worker runs at niceness +10 on the machine's
-other core, so that the server, the first document and the page come first; it ends with the
-view (`from_digests` gives what a view serves: the kept document, or the first one and the
-build of the full one).
+`done`, or says the one line of its `error`. The worker runs at niceness +10, so that the server,
+the first document and the page come first; it reads the digests while the first document is
+made, then summarises them once, with the warm-up steps the first document found (`hint`); it
+ends with the view, and a terminal's Ctrl-C (sent to the whole process group) is the view's to
+handle, not the worker's (`from_digests` gives what a view serves: the kept document, or the
+first one and the build of the full one).
 
 `GPUTRACE_VIEW_DELAY_S` (seconds, for tests and demonstrations of the page's two stages) makes
 the worker wait that long before it starts.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,8 +36,9 @@ DELAY_ENV = "GPUTRACE_VIEW_DELAY_S"
 NICE = 10
 
 
-def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> None:
-    """(In the worker) send ("ok", head, body), or ("error", the reason in one line, None)."""
+def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int, hints: Any) -> None:
+    """(In the worker) send ("ok", head, body), or ("error", the reason in one line, None).
+    `hints`: where the parent sends the warm-up steps its first document found (or None)."""
     with contextlib.suppress(OSError, AttributeError):
         # Below the server and the first document in the CPU's queue: on a busy machine the page
         # comes first, the full document with the time left over (the parent niced it already
@@ -51,7 +55,7 @@ def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> Non
 
     try:
         with no_cycle_collection():  # a process of its own, holding no cycles: as merge reads
-            head, body = job.compute()
+            head, body = job.compute(lambda: _hint(hints))
         got: tuple[str, Any, Any] = ("ok", head, body)
     except GputraceError as e:
         got = ("error", one_line(str(e)), None)
@@ -59,6 +63,17 @@ def _compute(job: data.DigestJob, delay_s: float, conn: Any, parent: int) -> Non
         got = ("error", one_line(f"{type(e).__name__}: {e}"), None)
     conn.send(got)
     conn.close()
+
+
+def _hint(conn: Any) -> tuple[int, float] | None:
+    """The warm-up steps the parent sends; None where it sends none (its end closed)."""
+    try:
+        got = conn.recv()
+    except (EOFError, OSError):
+        return None
+    finally:
+        conn.close()
+    return (int(got[0]), float(got[1])) if got is not None else None
 
 
 def _end_with(parent: int) -> None:
@@ -90,11 +105,13 @@ class FullBuild:
         self.head: dict[str, Any] | None = None
         self.body: bytes | None = None
         self.error: str | None = None
-        self._done = threading.Event()
+        self._done = threading.Event()  # set once the listeners have run
+        self._finished = False  # the result is in (the listeners are called from then on)
         self._listeners: list[Callable[[FullBuild], None]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._process: Any = None
+        self._hints: Any = None  # the parent's end of the hints' pipe, until it has sent one
 
     def start(self) -> FullBuild:
         # The pool's spawn context: no fork of a process that serves from threads, and the
@@ -104,9 +121,20 @@ class FullBuild:
         ctx = _context()
         self.started = time.monotonic()
         recv, send = ctx.Pipe(duplex=False)
+        hints, self._hints = ctx.Pipe(duplex=False)
         process = ctx.Process  # type: ignore[attr-defined]
-        self._process = process(target=_compute, args=(self.job, self.delay_s, send, os.getpid()), daemon=True)
-        self._process.start()
+        self._process = process(target=_compute, args=(self.job, self.delay_s, send, os.getpid(), hints), daemon=True)
+        # A terminal's Ctrl-C goes to the whole process group: the worker starts with SIGINT
+        # ignored (kept across its start), so that only the view handles it; the worker ends with
+        # the view all the same (`_end_with`, and multiprocessing's exit handler).
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self._process.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old)
+        hints.close()
         with contextlib.suppress(OSError, AttributeError):
             # Niced from its first instruction (its imports too), not only once it runs the job.
             os.setpriority(os.PRIO_PROCESS, self._process.pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
@@ -115,8 +143,18 @@ class FullBuild:
         self._thread.start()
         return self
 
+    def hint(self, warmup: tuple[int, float] | None) -> None:
+        """Send the worker the warm-up steps found (None: it finds them itself), once."""
+        conn, self._hints = self._hints, None
+        if conn is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(warmup)
+        conn.close()
+
     def stop(self) -> None:
         """End the worker (its document is not wanted)."""
+        self.hint(None)
         p = self._process
         if p is not None and p.is_alive():
             p.terminate()
@@ -126,7 +164,7 @@ class FullBuild:
         try:
             kind, first, second = conn.recv()
         except (EOFError, OSError):
-            kind, first, second = "error", "the process computing them ended unexpectedly (out of memory?)", None
+            kind, first, second = "error", "the process computing them ended (killed, or out of memory)", None
         except BaseException as e:  # noqa: BLE001 - one line, never a traceback
             kind, first, second = "error", one_line(f"{type(e).__name__}: {e}"), None
         finally:
@@ -144,15 +182,18 @@ class FullBuild:
             else:
                 self.error = first
             self.seconds = time.monotonic() - self.started
-            self._done.set()
-            listeners = list(self._listeners)
+            self._finished = True
+            listeners, self._listeners = self._listeners, []
+        # The listeners first (the server's swaps its document), then those who wait are woken:
+        # a wait that returns sees what the listeners made of it.
         for fn in listeners:
             fn(self)
+        self._done.set()
 
     def on_done(self, fn: Callable[[FullBuild], None]) -> None:
         """Call `fn(self)` once it is done (at once, when it is)."""
         with self._lock:
-            if not self._done.is_set():
+            if not self._finished:
                 self._listeners.append(fn)
                 return
         fn(self)
@@ -207,4 +248,5 @@ def from_digests(
         build.stop()
         head, body = job.compute()  # here: its errors are the command's, with their fixes
         return Served(head, body, None)
+    build.hint(job.warmup)
     return Served(doc, None, build)

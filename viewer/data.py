@@ -272,6 +272,10 @@ class DigestJob:
     skip_steps: int | None
     require_step: bool
     inputs: list[str]
+    # The warm-up steps found where `skip_steps` was not given, and the first one's factor, once
+    # known (the first document finds them: `viewer.first`): the full document then summarises
+    # once, with them left out, rather than twice.
+    warmup: tuple[int, float] | None = None
 
     def key(self) -> str | None:
         from . import cache
@@ -291,8 +295,10 @@ class DigestJob:
         k = self.key()
         return cache.load(self.found, k) if k is not None else None
 
-    def compute(self) -> tuple[dict[str, Any], bytes]:
-        """The document computed from the digests (`split`'s two parts), and kept beside them."""
+    def compute(self, warmup: Callable[[], tuple[int, float] | None] | None = None) -> tuple[dict[str, Any], bytes]:
+        """The document computed from the digests (`split`'s two parts), and kept beside them.
+        `warmup`: asked once the digests are read, for the warm-up steps where they are not
+        `self.warmup` (a worker's parent sends them when its first document has found them)."""
         from gputrace.summary import collect
 
         from . import cache
@@ -302,7 +308,10 @@ class DigestJob:
         def read() -> list[Any]:
             return collect(self.found, self.step)
 
-        head, body = split(_from_digests(read(), self.step, self.skip_steps, self.require_step, self.inputs, read))
+        digests = read()
+        found = self.warmup if warmup is None else warmup()
+        doc = _from_digests(digests, self.step, self.skip_steps, self.require_step, self.inputs, read, found)
+        head, body = split(doc)
         if k is not None:
             cache.store(self.found, k, head, body)
         return head, body
@@ -351,14 +360,20 @@ def _from_digests(
     require_step: bool,
     inputs: Iterable[str],
     again: Callable[[], list[Any]] | None = None,
+    known: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     """`again`: the digests read anew, for a second summary once warm-up steps are found (a
-    summary takes the digests' spans); None: a copy of each is kept aside for it."""
+    summary takes the digests' spans); None: a copy of each is kept aside for it. `known`: the
+    warm-up steps and the first one's factor, found already: one summary, with them left out."""
     from gputrace.summary import summarize
 
+    if skip_steps is None and known is not None:
+        warmup, factor = known
+        trace, summary = summarize(digests, step, warmup, require_step=require_step)
+        return _digest_document(trace, summary, step, skip_steps, require_step, inputs, warmup, factor, len(digests))
     spare = [dataclasses.replace(d) for d in digests] if skip_steps is None and again is None else None
     trace, summary = summarize(digests, step, skip_steps or 0, require_step=require_step)
-    warmup = 0
+    warmup, factor = 0, 0.0
     if skip_steps is None and summary.steps is not None:
         warmup, factor = findings.warmup_steps(summary.steps)
         if warmup:
@@ -366,6 +381,21 @@ def _from_digests(
             assert fresh is not None
             trace, summary = summarize(fresh, step, warmup, require_step=require_step)
     del spare
+    return _digest_document(trace, summary, step, skip_steps, require_step, inputs, warmup, factor, len(digests))
+
+
+def _digest_document(
+    trace: Any,
+    summary: Any,
+    step: str,
+    skip_steps: int | None,
+    require_step: bool,
+    inputs: Iterable[str],
+    warmup: int,
+    factor: float,
+    n_digests: int,
+) -> dict[str, Any]:
+    """The document of a summary of `n_digests` digests, `warmup` steps left out as warm-up."""
     doc = document(trace, summary, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
     if warmup:
         doc["notes"] = [_warmup_note(warmup, factor), *doc["notes"]]
@@ -381,7 +411,7 @@ def _from_digests(
         lo, hi = 0, doc["duration_ns"] + 1
     doc["timeline"] = {**doc["timeline"], "whole": False, "initial": [max(lo, 0), max(hi, lo + 1)]}
     doc["notes"] = [
-        f"read from the ranks' step digests ({len(digests)} ranks); the timeline reads the trace files one "
+        f"read from the ranks' step digests ({n_digests} ranks); the timeline reads the trace files one "
         "window at a time",
         *doc["notes"],
     ]

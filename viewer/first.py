@@ -168,6 +168,7 @@ def _document(job: data.DigestJob) -> dict[str, Any] | None:
     warmup_note = None
     if job.skip_steps is None:
         k, factor = findings.warmup_steps(st)
+        job.warmup = (k, factor)  # the full document's, as its own summary would find them
         if k:
             st = rows.steps(job.step, k, ranks, [])
             warmup_note = data._warmup_note(k, factor)

@@ -218,9 +218,12 @@ class Viewer:
             if b.head is None:
                 return  # the page asks /full.json and shows the error; the first document stays
             head = {**b.head, **(extra or {})}
-            self.base_ns = head["base_ns"]
-            self.end_ns = head["duration_ns"] + 1
-            self.document = self._encoded(head, b.body)
+            document = self._encoded(head, b.body)
+            b.head = b.body = None  # the encoded document is all that is served from now on
+            with self._lock:
+                self.base_ns = head["base_ns"]
+                self.end_ns = head["duration_ns"] + 1
+                self.document = document
 
         build.on_done(done)
 

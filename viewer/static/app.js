@@ -151,7 +151,11 @@ async function follow(upgrade) {
     }
     failures = 0;
     if (res.status === 202) continue;
-    if (res.ok) return upgrade(await res.json());
+    if (res.ok) {
+      const full = await res.json();
+      if (!full.partial) return upgrade(full);
+      continue; // the first document still: the server had not swapped them yet
+    }
     let reason = `${res.status} ${res.statusText}`;
     try {
       reason = (await res.json()).error || reason;
