@@ -38,6 +38,7 @@ from gputrace.merge.place import (
 )
 from gputrace.merge.select import Selection
 from gputrace.merge.sources import Plan, Source, describe, files_of, plan, read_trace
+from gputrace.merge.spool import Spool
 from gputrace.trace import registry
 from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Trace
@@ -342,11 +343,15 @@ def merge(
         raise MergeError(f"{out} is one of the inputs; write the merged trace to another file")
     try:
         writer = kind.capability("MergedWriter")
+        parts_writer = kind.capability("MergedPartsWriter") if writer is None else None
     except TraceFormatError as e:
         raise GputraceError(
             f"writing {kind.name} traces needs {kind.module} ({e.reason}); write JSON (-o x.json)"
         ) from None
     args = (files, out, align, align_on, occurrence, rank_from_filename, allow_mixed, sel)
+    if parts_writer is not None:
+        with no_cycle_collection():
+            return _merge_by_spool(parts_writer, *args, workers_for(files, workers), progress)
     if writer is None:
         trace = load(files, align, align_on, occurrence, rank_from_filename, allow_mixed, *_selection_args(sel))
         if progress:
@@ -393,3 +398,47 @@ def _merge_by_part(
     if late:
         header.setdefault("notes", []).extend(late)
     return header
+
+
+def _merge_by_spool(
+    writer: Any,
+    files: list[str],
+    out: str,
+    align: str,
+    align_on: str | None,
+    occurrence: int,
+    rank_from_filename: bool,
+    allow_mixed: bool,
+    sel: Selection,
+    n_workers: int,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """The merged trace written through the format's `MergedPartsWriter` (a file that begins with
+    what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
+    writer and spooled to disk (the last one kept in memory), then the file written from the
+    spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
+    job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=False)
+    tally = Tally()
+    # The last group's part is the last result when the groups are taken here (as `run_groups`
+    # decides); workers' parts are all spooled.
+    here = n_workers <= 1 or len(job.groups) < 2
+    spool = Spool(os.path.dirname(os.path.abspath(out)))
+    try:
+        with atomic_writer(out) as f:
+            w = writer(f)
+            for k, (part, results) in enumerate(run_groups(job, None, None, n_workers, progress)):
+                tally.add(results)
+                w.note(part)
+                last = here and k == len(job.groups) - 1
+                spool.add(part, keep=last)
+                del part
+                if not last:
+                    release_memory()
+            # Raises before the file is published when a selection found nothing.
+            meta = merged_metadata(job.plan, job.maps, sel, job.start, job.plan.notes + tally.notes(sel))
+            w.close(meta, spool.parts())
+    finally:
+        spool.close()
+    if progress:
+        progress("done", len(job.groups), len(job.groups))
+    return string_keys(meta)

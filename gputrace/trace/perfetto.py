@@ -44,6 +44,7 @@ batch once.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 import zlib
@@ -51,7 +52,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import add
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -66,18 +67,20 @@ from gputrace.trace.layout import (
     LAUNCH_TRACK,
     Layout,
     ProcessLayout,
+    WritePlan,
     clean,
     dumps,
     lane_name,
     launch_at,
     launch_rows,
+    layout_pieces,
     nest_in_end_order,
     plan_write,
     process_facts,
     safe_repr,
     update_header,
 )
-from gputrace.trace.model import Process, Trace, Track, _NoCats
+from gputrace.trace.model import CounterColumns, Process, Trace, Track, _NoCats, intern
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -168,20 +171,44 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     the columns, the layout and each track's span order)."""
     # The same base, pids, tids and lanes as the JSON writer (its tracks' descriptions aside).
     plan = plan_write(trace, base_ns, ordered, writer=ProcessLayout)
-    base_ns, pid_of, pieces, meta = plan.base_ns, plan.pid_of, plan.pieces, plan.metadata
-    info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
-    header = {"baseTimeNanoseconds": base_ns, "distributedInfo": info, "metadata": meta}
-    header["processes"] = process_facts(trace.processes, pid_of)
-
+    base_ns, pid_of, pieces = plan.base_ns, plan.pid_of, plan.pieces
     enc = _Encoder(base_ns)
-    head = [_metadata_packet(HEADER, header), enc.clock_packet()]
-    order = sorted(range(len(trace.processes)), key=lambda i: (_sort_key(trace.processes[i]), i))
-    head += [_process_packet(pid_of[i], trace.processes[i]) for i in order]
-    yield _serialize(head)
-
+    yield _head(enc, _header(plan, trace.processes), trace.processes, pid_of)
     # Each written track's spans, in the order the JSON writer lays them out (its tids too).
+    groups = _track_rows(trace, pieces)
+    # The pieces' rows and lanes are the groups' now: let them go before the events are made.
+    del plan, pieces
+    out: list[bytes] = []
+    yield from _encode_tracks(enc, trace, groups, out)
+    enc.counters(trace, range(len(trace.counters)), pid_of, out)
+    for k in range(0, len(trace.extra), 10_000):
+        out.append(_serialize([_metadata_packet(EXTRA, _extra_json(trace, pid_of, k, k + 10_000))]))
+    if out:
+        yield _compressed(out)
+
+
+def _header(plan: WritePlan[ProcessLayout], processes: Sequence[Process]) -> dict[str, Any]:
+    """gputrace's header of a whole trace (as the JSON format's header), with each process's facts."""
+    info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
+    header = {"baseTimeNanoseconds": plan.base_ns, "distributedInfo": info, "metadata": plan.metadata}
+    header["processes"] = process_facts(processes, plan.pid_of)
+    return header
+
+
+def _head(enc: _Encoder, header: dict[str, Any], processes: Sequence[Process], pid_of: dict[int, int]) -> bytes:
+    """The file's first packets: the header, the clock, the processes in their sort order."""
+    head = [_metadata_packet(HEADER, header), enc.clock_packet()]
+    order = sorted(range(len(processes)), key=lambda i: (_sort_key(processes[i]), i))
+    head += [_process_packet(pid_of[i], processes[i]) for i in order]
+    return _serialize(head)
+
+
+def _track_rows(
+    trace: Trace, pieces: list[tuple[ProcessLayout, Sequence[int], list[int]]]
+) -> dict[ProcessLayout, dict[int, array[int]]]:
+    """The laid-out pieces' rows grouped by written track ((track << 24) | lane), per process, in
+    the order the JSON writer meets them; tids are given in that order."""
     sp = trace.spans
-    cats = any(c is not None for c in sp.cat)
     groups: dict[ProcessLayout, dict[int, array[int]]] = {}
     for w, rows, lanes in pieces:
         g = groups.setdefault(w, {})
@@ -197,9 +224,15 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
         else:
             for r, key in zip(rows, keys):
                 g[key].append(r)
-    # The pieces' rows and lanes are the groups' now: let them go before the events are made.
-    del plan, pieces
-    out: list[bytes] = []
+    return groups
+
+
+def _encode_tracks(
+    enc: _Encoder, trace: Trace, groups: dict[ProcessLayout, dict[int, array[int]]], out: list[bytes]
+) -> Iterator[bytes]:
+    """Each written track's events appended to `out`, which is given back compressed whenever it
+    holds a chunk's worth (the rest stays in `out` for what follows)."""
+    cats = any(c is not None for c in trace.spans.cat)
     for w, g in groups.items():
         for key, rows in g.items():
             enc.spans(trace, w, key >> 24, key & 0xFFFFFF, rows, cats, out)
@@ -207,11 +240,105 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
                 yield _compressed(out)
                 out.clear()
         g.clear()
-    enc.counters(trace, range(len(trace.counters)), pid_of, out)
-    for k in range(0, len(trace.extra), 10_000):
-        out.append(_serialize([_metadata_packet(EXTRA, _extra_json(trace, pid_of, k, k + 10_000))]))
-    if out:
-        yield _compressed(out)
+
+
+class MergedPartsWriter:
+    """A merged trace written part by part (a part: one or more ranks' `Trace`, in the merged
+    trace's order), the same bytes as `write` of the whole merged trace.
+
+    The file begins with what only the whole trace knows: its base (the first instant of every
+    part, which every track's first time counts from), every process, the notes found while
+    merging. So each part is first `note`d (its processes, names, first instant, and its counter
+    samples and other tools' events, taken out of it: they go last in the file), then `close`
+    writes the header and encodes the parts again given in the same order, one at a time, and
+    the counters and other events after them. Memory: one part's columns, its layout, and the
+    largest track's events as they are made."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.processes: list[Process] = []
+        self.names: list[str] = []
+        self._name_index: dict[str, int] = {}
+        self.counters = Trace()  # every part's counter tracks (processes: global indices) and samples
+        self.extra: list[dict[str, Any]] = []
+        self._first: int | None = None  # the first instant over spans, counters, other events
+        self._entry: int | None = None  # the least host entry (not 0) of any span
+
+    def note(self, part: Trace) -> None:
+        """What the file's beginning needs from `part`; its counters and other events move here."""
+        p0 = len(self.processes)
+        self.processes += part.processes
+        for name in part.names:
+            intern(self.names, self._name_index, name)
+        firsts = [] if self._first is None else [self._first]
+        if len(part.spans):
+            firsts.append(min(part.spans.start))
+        entry = part.spans.entry
+        if entry is not None and len(entry):
+            least = min(filter(None, entry), default=0)  # filter(None): at C speed, past the zeros
+            if least:
+                self._entry = least if self._entry is None else min(self._entry, least)
+        c = part.counters
+        if len(c):
+            firsts.append(min(c.ts))
+            moved: dict[int, int] = {}
+            for t in dict.fromkeys(c.track):
+                track = part.tracks[t]
+                moved[t] = self.counters.add_track(dataclasses.replace(track, process=p0 + track.process))
+            self.counters.counters.track.extend(array("l", map(moved.__getitem__, c.track)))
+            self.counters.counters.ts.extend(c.ts)
+            self.counters.counters.value.extend(c.value)
+            part.counters = CounterColumns()
+        for e in part.extra:
+            firsts.append(e["ts_ns"])
+            e["process"] += p0
+        self.extra += part.extra
+        part.extra = []
+        self._first = min(firsts) if firsts else None
+
+    def base_ns(self, metadata: dict[str, Any]) -> int:
+        """The base `write` takes for the whole trace: its first instant, or the first host entry
+        where that is earlier (the launch arrows start there)."""
+        if self._first is None:
+            return int(metadata.get("base_ns", 0) or 0)
+        if self._entry is not None and 0 < self._entry < self._first:
+            return self._entry
+        return self._first
+
+    def close(self, metadata: dict[str, Any], parts: Iterable[Trace]) -> None:
+        """The file: the header (`metadata`: the merged trace's), then `parts` (every part noted,
+        in the same order, each dropped once written), then the counters and other events."""
+        whole = Trace(metadata)  # the merged trace's processes, for the whole writer's plan
+        whole.processes = self.processes
+        plan = plan_write(whole, self.base_ns(metadata), writer=ProcessLayout)
+        pid_of, writers = plan.pid_of, plan.writers
+        enc = _Encoder(plan.base_ns)
+        self.f.write(_head(enc, _header(plan, self.processes), self.processes, pid_of))
+        out: list[bytes] = []
+        p0 = 0
+        for part in parts:
+            n = len(part.processes)
+            remap = array("l", [self._name_index[name] for name in part.names])
+            sp = part.spans
+            if list(remap) != list(range(len(remap))):
+                sp.name = array("l", map(remap.__getitem__, sp.name))
+            part.names = self.names
+            pieces = layout_pieces(part, {i: writers[p0 + i] for i in range(n)})
+            groups = _track_rows(part, pieces)
+            del pieces
+            for data in _encode_tracks(enc, part, groups, out):
+                self.f.write(data)
+            del part, groups, sp
+            p0 += n
+        counters = self.counters
+        counters.processes = self.processes
+        enc.counters(counters, range(len(counters.counters)), pid_of, out)
+        holder = Trace()
+        holder.extra = self.extra
+        for k in range(0, len(self.extra), 10_000):
+            out.append(_serialize([_metadata_packet(EXTRA, _extra_json(holder, pid_of, k, k + 10_000))]))
+        if out:
+            self.f.write(_compressed(out))
 
 
 def _compressed(parts: list[bytes]) -> bytes:
