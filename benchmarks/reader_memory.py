@@ -6,7 +6,7 @@ step span every 100, an argument on one span in ten) in both formats, each read 
 `summary`, `merge` and `view` (the library calls behind the commands; `view`: the trace loaded
 and its page's document computed), each in a fresh process: the peak resident memory of that
 process (VmHWM, its imports included), its ratio to the file's size, the bytes an event, the
-time, and whether it is within the bound. `--root DIR` measures another checkout of gputrace
+time (wall and CPU), and whether it is within the bound. `--root DIR` measures another checkout of gputrace
 (a `git archive` of main: the numbers before a change). Files are kept in `--dir` and reused.
 
     python benchmarks/reader_memory.py [--events 3000000] [--dir DIR] [--root DIR] [--ops validate,summary]
@@ -41,13 +41,14 @@ call = {
     "view": lambda: data.document(data.load([path])),
 }[op]
 imports = status("VmRSS:")
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 try:
     call()
     outcome = "ok"
 except MemoryError:
     outcome = "MemoryError (past 12 GB)"
-print(json.dumps({"peak": status("VmHWM:"), "imports": imports, "s": time.perf_counter() - t, "outcome": outcome}))
+took = {"s": time.perf_counter() - t, "cpu": time.process_time() - cpu}
+print(json.dumps({"peak": status("VmHWM:"), "imports": imports, **took, "outcome": outcome}))
 """
 
 
@@ -89,7 +90,7 @@ def main() -> None:
     print(f"{args.events:,} events, code in {args.root}")
     print(
         f"{'file':<12} {'size':>9} {'op':<9} {'peak RSS':>9} {'imports':>8} {'x size':>7} {'B/event':>8} "
-        f"{'time':>7}  bound"
+        f"{'time':>7} {'CPU':>7}  bound"
     )
     for name in args.formats.split(","):
         path = files[name]
@@ -101,7 +102,8 @@ def main() -> None:
             verdict = ("within" if peak <= bound else "OVER") if r["outcome"] == "ok" else str(r["outcome"])[:80]
             print(
                 f"{name:<12} {size / 1e6:>7.1f}MB {op:<9} {peak / 1e6:>7.0f}MB {int(r['imports']) / 1e6:>6.0f}MB "  # type: ignore[call-overload]
-                f"{peak / size:>6.2f}x {peak / args.events:>8.0f} {float(r['s']):>6.1f}s  {verdict}",  # type: ignore[arg-type]
+                f"{peak / size:>6.2f}x {peak / args.events:>8.0f} {float(r['s']):>6.1f}s "  # type: ignore[arg-type]
+                f"{float(r.get('cpu', 0.0)):>6.1f}s  {verdict}",  # type: ignore[arg-type]
                 flush=True,
             )
 

@@ -426,7 +426,9 @@ def _merge_by_spool(
     try:
         with atomic_writer(out) as f:
             w = writer(f)
-            for k, (part, results) in enumerate(run_groups(job, None, None, n_workers, progress)):
+            k = 0
+            # Not `enumerate`: its reused result tuple would hold the part through the next read.
+            for part, results in run_groups(job, None, None, n_workers, progress):
                 tally.add(results)
                 w.note(part)
                 last = here and k == len(job.groups) - 1
@@ -434,6 +436,7 @@ def _merge_by_spool(
                 del part
                 if not last:
                     release_memory()
+                k += 1
             # Raises before the file is published when a selection found nothing.
             meta = merged_metadata(job.plan, job.maps, sel, job.start, job.plan.notes + tally.notes(sel))
             w.close(meta, spool.parts())

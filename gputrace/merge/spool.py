@@ -5,8 +5,8 @@ Takes: parts (`Trace`s of one or more ranks, as merge takes them), in output ord
 parts back, in the same order, one at a time (`parts`). A format whose file begins with what only
 the whole merged trace knows (protobuf: its first instant, its processes) writes every part after
 the last is read; the spool holds them meanwhile, so memory holds one part, not every rank's.
-The last part can be kept in memory instead (`add(part, keep=True)`): a merge of one group
-never touches the disk.
+A merge of one group keeps its part in memory instead (`add(part, keep=True)`): it never
+touches the disk.
 
 The file is unnamed (`tempfile.TemporaryFile`): it goes away when closed, or with the process.
 Columns go as their raw bytes; the arguments and categories as pickles of `SLICE` rows each, so
@@ -38,10 +38,11 @@ class Spool:
         self._kept: Trace | None = None
 
     def add(self, part: Trace, keep: bool = False) -> None:
-        """Spool `part` (the caller drops it); `keep`: the last part, held in memory instead."""
+        """Spool `part` (the caller drops it). `keep`: the last part, held in memory instead where
+        it is the only one (else it would be held while the others are written)."""
         if self._kept is not None:
             raise ValueError("a part was kept in memory: it must be the last")
-        if keep:
+        if keep and not self._count:
             self._kept = part
             return
         if self._file is None:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 import re
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from operator import gt, itemgetter, neg
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -545,6 +548,64 @@ def layout_pieces(
                 rows = prows[k : k + step]
                 pieces.append((writers[p], rows, _place(trace, rows, writers[p])))
     return pieces
+
+
+def iter_layout_pieces(
+    trace: Trace, writers: dict[int, W], step: int = 16384
+) -> Iterator[tuple[W, list[int], list[int]]]:
+    """`layout_pieces(trace, writers)` made as they are wanted: the same pieces and lanes, the
+    writers' layouts left the same. It holds each track's rows (8 bytes a span) where that
+    holds a list of each process's rows and its sort keys (~100 bytes a span): a track's spans
+    in the order they ended (as a gputrace file's are; sorted here where not), the process's
+    merged from its tracks'."""
+    sp = trace.spans
+    start, end = sp.start, sp.end
+    proc_of_track = [t.process for t in trace.tracks]
+    rows_of: list[array[int] | None] = [None] * len(trace.tracks)
+    for i, t in enumerate(sp.track):
+        rows = rows_of[t]
+        if rows is None:
+            rows = rows_of[t] = array("q")
+        rows.append(i)
+    # Processes in the order of their first span (as `layout_pieces` meets them).
+    firsts = sorted((rows[0], t) for t, rows in enumerate(rows_of) if rows)
+    by_proc: dict[int, list[array[int]]] = {}
+    for _, t in firsts:
+        by_proc.setdefault(proc_of_track[t], []).append(rows_of[t])  # type: ignore[arg-type]
+    del rows_of, firsts
+    for p, tracks in by_proc.items():
+        for k, rows in enumerate(tracks):
+            if not _in_end_order(start, end, rows):
+                listed = list(rows)
+                listed.sort(key=start.__getitem__, reverse=True)  # as `layout_pieces`: stable
+                listed.sort(key=end.__getitem__)
+                tracks[k] = array("q", listed)
+                del listed
+        ordered: Iterator[int]
+        if len(tracks) == 1:
+            ordered = iter(tracks[0])
+        else:
+            # By end, the later start first, then by row: `layout_pieces`'s two stable sorts.
+            keyed = [zip(map(end.__getitem__, r), map(neg, map(start.__getitem__, r)), r) for r in tracks]
+            ordered = map(itemgetter(2), heapq.merge(*keyed))
+        while True:
+            rows_piece = list(islice(ordered, step))
+            if not rows_piece:
+                break
+            yield writers[p], rows_piece, _place(trace, rows_piece, writers[p])
+        tracks.clear()
+
+
+def _in_end_order(start: Sequence[int], end: Sequence[int], rows: Sequence[int], step: int = 65536) -> bool:
+    """Are `rows` sorted by end, the later start first at equal ends?"""
+    last = None
+    for lo in range(0, len(rows), step):
+        chunk = rows[lo : lo + step]
+        keys = list(zip(map(end.__getitem__, chunk), map(neg, map(start.__getitem__, chunk))))
+        if (last is not None and keys[0] < last) or any(map(gt, keys, islice(keys, 1, None))):
+            return False
+        last = keys[-1]
+    return True
 
 
 def _place(trace: Trace, rows: Sequence[int], writer: ProcessLayout) -> list[int]:
