@@ -275,6 +275,25 @@ def release_memory() -> None:
         pass
 
 
+#: glibc's mallopt parameter, and the threshold it is held at: its own default.
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 128 << 10
+
+
+def map_large_blocks() -> None:
+    """Keep glibc's malloc mapping every block of 128 KiB or more (its default) for the rest of
+    the process, so freeing one hands it back to the OS. Left to itself glibc raises that
+    threshold to the largest block freed so far: after a rank's columns are freed, the next
+    rank's grow in the heap, which they fragment and which cannot shrink, and a protobuf rank
+    read a second time held 150 MB (60%) more than the first read (measured, 3M events)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
 # ---- load and merge -----------------------------------------------------------------------------
 
 
@@ -417,7 +436,9 @@ def _merge_by_spool(
     what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
     writer and spooled to disk (the last one kept in memory), then the file written from the
     spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
-    job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=False)
+    map_large_blocks()
+    # One file is read once: described, then taken (`keep`); more are read again one at a time.
+    job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=len(files) == 1)
     tally = Tally()
     # The last group's part is the last result when the groups are taken here (as `run_groups`
     # decides); workers' parts are all spooled.

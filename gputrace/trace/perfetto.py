@@ -49,8 +49,9 @@ import json
 import os
 import zlib
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
 from operator import add, gt
 from typing import Any, BinaryIO, Protocol
 
@@ -227,6 +228,50 @@ def _track_rows(
     return groups
 
 
+def _laid_out_rows(trace: Trace, writers: dict[int, ProcessLayout]) -> dict[ProcessLayout, dict[int, array[int]]]:
+    """`_track_rows` of `iter_layout_pieces`: the same groups, tids given in the same order. A
+    written track that is the whole of its track (every span on its lane 0, the usual case) is
+    that track's rows as the layout ordered them, not a copy; lanes are kept per span only for
+    tracks where one is not 0."""
+    sp = trace.spans
+    track_col = sp.track
+    rows_of: dict[int, array[int]] = {}
+    lanes_of: dict[int, array[int]] = {}  # track -> each row's lane, in `rows_of` order
+    placed: dict[int, int] = {}  # track -> rows laid out so far
+    groups: dict[ProcessLayout, dict[int, Any]] = {}
+    for w, rows, lanes in iter_layout_pieces(trace, writers, track_rows=rows_of):
+        g = groups.setdefault(w, {})
+        tracks = [track_col[r] for r in rows]
+        if sp.entry is not None and launch_rows(sp.entry, rows):
+            w.launch_tid([])  # asked where the JSON writer asks it: the same tids
+        if any(lanes):
+            for t, k in zip(tracks, lanes):
+                key = (t << 24) | k
+                if key not in g:
+                    w.tid(trace, t, k, [])  # tids in the JSON writer's order
+                    g[key] = None
+                la = lanes_of.get(t)
+                if la is None and k:
+                    la = lanes_of[t] = array("q", bytes(8 * placed.get(t, 0)))
+                if la is not None:
+                    la.append(k)
+                placed[t] = placed.get(t, 0) + 1
+        else:
+            for t, n in Counter(tracks).items():  # tracks in the order the piece meets them
+                if t << 24 not in g:
+                    w.tid(trace, t, 0, [])
+                    g[t << 24] = None
+                if t in lanes_of:
+                    lanes_of[t].extend(array("q", bytes(8 * n)))
+                placed[t] = placed.get(t, 0) + n
+    for g in groups.values():
+        for key in g:
+            t, k = key >> 24, key & 0xFFFFFF
+            la = lanes_of.get(t)
+            g[key] = rows_of[t] if la is None else array("q", compress(rows_of[t], map(k.__eq__, la)))
+    return groups
+
+
 def _encode_tracks(
     enc: _Encoder, trace: Trace, groups: dict[ProcessLayout, dict[int, array[int]]], out: _Out
 ) -> Iterator[bytes]:
@@ -370,7 +415,7 @@ class MergedPartsWriter:
             if list(remap) != list(range(len(remap))):
                 sp.name = array("l", map(remap.__getitem__, sp.name))
             part.names = self.names
-            groups = _track_rows(part, iter_layout_pieces(part, {i: writers[p0 + i] for i in range(n)}))
+            groups = _laid_out_rows(part, {i: writers[p0 + i] for i in range(n)})
             for data in _encode_tracks(enc, part, groups, out):
                 self.f.write(data)
             del part, groups, sp
