@@ -5,7 +5,10 @@ Gives: `load` -> one `Trace` (every rank its own process, pid = rank + 1; the al
 metadata); `merge` -> that trace written atomically in the format the registry chooses for the
 output (`registry.for_path`), and the merged metadata as written. A format whose module offers a
 `MergedWriter` (JSON) is written rank by rank, memory about one rank's worth whatever the number
-of ranks; any other is loaded whole and written with its writer.
+of ranks; one that offers a `MergedPartsWriter` (protobuf: its file begins with what only the
+whole merged trace knows) takes each rank's part, which waits on disk (`merge.spool`) until the
+last is read, then writes them one at a time; any other is loaded whole and written with its
+writer.
 
 The stages, in order: describe and check the files (`merge.sources`), align them and place each
 group of files (a rank's own, then other tools' files of that rank) onto the output
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -79,9 +83,18 @@ def prepare(
     allow_mixed: bool,
     sel: Selection,
     keep: bool,
+    stash: Spool | None = None,
 ) -> Job:
-    """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing)."""
-    sources = [describe(f, rank_from_filename, keep=keep) for f in files]
+    """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing;
+    `stash`: they are put aside there instead, and loaded from it when wanted)."""
+    sources = []
+    for f in files:
+        s = describe(f, rank_from_filename, keep=keep or stash is not None)
+        if stash is not None and s.trace is not None and not keep:
+            s.stashed = functools.partial(stash.get, stash.put(s.trace))
+            s.trace = None
+            release_memory()
+        sources.append(s)
     p = plan(sources, allow_mixed, sel.ranks)
     maps = alignment(p, align, align_on, occurrence, _read_and_keep if keep else read_source)
     start = merged_start(p, maps)
@@ -108,8 +121,10 @@ def _group_label(group: list[Source]) -> str:
 
 
 def read_source(s: Source) -> Trace:
-    """The source's trace: the one kept on it, else read from its file."""
-    return s.trace if s.trace is not None else read_trace(s.path, s.module)
+    """The source's trace: the one kept on it or put aside, else read from its file."""
+    if s.trace is not None:
+        return s.trace
+    return s.stashed() if s.stashed is not None else read_trace(s.path, s.module)
 
 
 def _read_and_keep(s: Source) -> Trace:
@@ -198,7 +213,7 @@ def run_groups(
         return
     for g in all_groups:
         for s in g:
-            s.trace = None  # each worker reads its own files
+            s.trace = s.stashed = None  # each worker reads its own files
     batches: list[list[int]] = [[]]
     size = 0
     for i in range(len(all_groups)):
@@ -437,14 +452,17 @@ def _merge_by_spool(
     writer and spooled to disk (the last one kept in memory), then the file written from the
     spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
     map_large_blocks()
-    # One file is read once: described, then taken (`keep`); more are read again one at a time.
-    job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=len(files) == 1)
-    tally = Tally()
-    # The last group's part is the last result when the groups are taken here (as `run_groups`
-    # decides); workers' parts are all spooled.
-    here = n_workers <= 1 or len(job.groups) < 2
-    spool = Spool(os.path.dirname(os.path.abspath(out)))
+    folder = os.path.dirname(os.path.abspath(out))
+    # A file read whole to be described is read once: kept (one file) or put aside on disk
+    # (`stash`, when the groups are taken here) until it is taken.
+    stash = Spool(folder) if n_workers <= 1 and len(files) > 1 else None
+    spool = Spool(folder)
     try:
+        job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, len(files) == 1, stash)
+        tally = Tally()
+        # The last group's part is the last result when the groups are taken here (as
+        # `run_groups` decides); workers' parts are all spooled.
+        here = n_workers <= 1 or len(job.groups) < 2
         with atomic_writer(out) as f:
             w = writer(f)
             k = 0
@@ -463,6 +481,8 @@ def _merge_by_spool(
             w.close(meta, spool.parts())
     finally:
         spool.close()
+        if stash is not None:
+            stash.close()
     if progress:
         progress("done", len(job.groups), len(job.groups))
     return string_keys(meta)

@@ -9,12 +9,13 @@ A merge of one group keeps its part in memory instead (`add(part, keep=True)`): 
 touches the disk.
 
 The file is unnamed (`tempfile.TemporaryFile`): it goes away when closed, or with the process.
-Columns go as their raw bytes; the arguments and categories as pickles of `SLICE` rows each, so
-the pickler's memo of one slice is all it holds.
+Columns go as their raw bytes (40 bytes a span); the arguments and categories as pickles of
+`SLICE` rows each, so the pickler's memo of one slice is all it holds.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import tempfile
 from array import array
@@ -45,24 +46,29 @@ class Spool:
         if keep and not self._count:
             self._kept = part
             return
+        _write(self._open(), part)
+        self._count += 1
+
+    def put(self, trace: Trace) -> int:
+        """Put `trace` aside (the caller drops it); gives where, for `get`. A spool either takes
+        parts in order (`add`) or puts traces aside, not both."""
+        f = self._open()
+        f.seek(0, os.SEEK_END)
+        at = f.tell()
+        _write(f, trace)
+        return at
+
+    def get(self, at: int) -> Trace:
+        """The trace put aside at `at` (read again each time)."""
+        assert self._file is not None
+        self._file.flush()
+        self._file.seek(at)
+        return _read(self._file)
+
+    def _open(self) -> BinaryIO:
         if self._file is None:
             self._file = tempfile.TemporaryFile(dir=self.directory)
-        f = self._file
-        sp = part.spans
-        columns = (sp.name, sp.track, sp.start, sp.end, sp.entry)
-        part.spans = SpanColumns()
-        pickle.dump((part, [None if c is None else (c.typecode, len(c)) for c in columns]), f, pickle.HIGHEST_PROTOCOL)
-        for c in columns:
-            if c is not None:
-                f.write(memoryview(c).cast("B"))  # no copy of the column
-        for rows in (sp.args, sp.cat):
-            blank = isinstance(rows, _NoCats)  # a column of None that takes no memory
-            pickle.dump(blank, f)
-            if not blank:
-                for lo in range(0, len(rows), SLICE):
-                    pickle.dump(list(rows[lo : lo + SLICE]), f, pickle.HIGHEST_PROTOCOL)
-        part.spans = sp  # the caller's part unchanged
-        self._count += 1
+        return self._file
 
     def parts(self) -> Iterator[Trace]:
         """Every part added, in order (each read when the one before it was taken)."""
@@ -83,6 +89,26 @@ class Spool:
             self._file.close()
             self._file = None
         self._kept = None
+
+
+def _write(f: BinaryIO, part: Trace) -> None:
+    sp = part.spans
+    columns = (sp.name, sp.track, sp.start, sp.end, sp.entry)
+    part.spans = SpanColumns()
+    try:
+        shapes = [None if c is None else (c.typecode, len(c)) for c in columns]
+        pickle.dump((part, shapes), f, pickle.HIGHEST_PROTOCOL)
+    finally:
+        part.spans = sp  # the caller's part unchanged
+    for c in columns:
+        if c is not None:
+            f.write(memoryview(c).cast("B"))  # no copy of the column
+    for rows in (sp.args, sp.cat):
+        blank = isinstance(rows, _NoCats)  # a column of None that takes no memory
+        pickle.dump(blank, f)
+        if not blank:
+            for lo in range(0, len(rows), SLICE):
+                pickle.dump(list(rows[lo : lo + SLICE]), f, pickle.HIGHEST_PROTOCOL)
 
 
 def _read(f: BinaryIO) -> Trace:

@@ -343,8 +343,9 @@ class MergedPartsWriter:
     merging. So each part is first `note`d (its processes, names, first instant, and its counter
     samples and other tools' events, taken out of it: they go last in the file), then `close`
     writes the header and encodes the parts again given in the same order, one at a time, and
-    the counters and other events after them. Memory: one part's columns, its layout, and the
-    largest track's events as they are made."""
+    the counters and other events after them. Memory: one part's columns, each of its tracks'
+    rows in the order the layout and the encoder walk them (8 bytes a span), and a batch of
+    events (`_Encoder.track`)."""
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f

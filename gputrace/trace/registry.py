@@ -24,7 +24,11 @@ format's name: ``parse(path, data) -> (header, events)`` (the file's raw Chrome 
 `validate` checks against Perfetto's JSON importer rules; the JSON format offers it), and
 ``parse_batches(path)`` (the same events a batch at a time, so a large file is checked holding
 one batch), and ``read_spans(path, data=None)`` (`read` without the spans' arguments and
-categories, for validate's checks of names, tracks and times; the protobuf format offers it).
+categories, for validate's checks of names, tracks and times; the protobuf format offers it),
+and for merge, written rank by rank: ``MergedWriter(f, base_ns, metadata, world_size)`` (a
+part's event lines encoded apart, `write`, `close`: JSON) or ``MergedPartsWriter(f)`` (each
+part `note`d as it is taken, then `close(metadata, parts)` writes the file from the parts given
+again in order: protobuf, whose file begins with what only the whole merged trace knows).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
 Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format
