@@ -3,8 +3,10 @@ or 100 bytes an event, whichever is larger?
 
 One rank's trace of `--events` spans (3M by default; four CUDA streams and a host thread, a
 step span every 100, an argument on one span in ten) in both formats, each read by `validate`,
-`summary`, `merge` and `view` (the library calls behind the commands; `view`: the trace loaded
-and its page's document computed), each in a fresh process: the peak resident memory of that
+`summary`, `merge` and `view` (the library calls behind the commands; `view`: its page, the
+trace read as `gputrace view` reads it for the document, and the document computed;
+`timeline`, not run unless named: the whole trace the page's timeline then reads, with every
+argument), each in a fresh process: the peak resident memory of that
 process (VmHWM, its imports included), its ratio to the file's size, the bytes an event, the
 time (wall and CPU), and whether it is within the bound. `--root DIR` measures another checkout of gputrace
 (a `git archive` of main: the numbers before a change). Files are kept in `--dir` and reused.
@@ -34,11 +36,20 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key): return int(line.split()[1]) * 1024
 op, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+try:  # the heap as the commands set it (gputrace summary, view, merge), where the tree has it
+    from gputrace import heap
+    if op in ("summary", "view", "timeline", "merge"):
+        heap.map_large_blocks()
+except ImportError:
+    pass
+# What `gputrace view` reads for its page (the whole trace, in code that has no other read).
+page_read = getattr(summary, "load_for_statistics", data.load)
 call = {
     "validate": lambda: validate_file(path),
     "summary": lambda: summary.summary_of_files([path]),
     "merge": lambda: merge.merge([path], out, workers=1),
-    "view": lambda: data.document(data.load([path])),
+    "view": lambda: data.document(page_read([path])),
+    "timeline": lambda: data.load([path]),
 }[op]
 imports = status("VmRSS:")
 t, cpu = time.perf_counter(), time.process_time()

@@ -7,8 +7,9 @@ from the digests as `gputrace view` does the first time after a run (`viewer.dat
 with no kept document), in this process, and prints wall and CPU seconds per stage: reading the
 digests, aligning them (merge's functions), `stats.summarize`, the rest of the summary from
 digests, the viewer's document (of which the causes in words), and encoding. `--traces`: from
-the traces alone (a folder of hard links to them). `--profile N`: also cProfile's N costliest
-functions by their own time.
+the traces alone (a folder of hard links to them). Where the checkout has it, first the page's
+first document (`viewer.first`, what the command serves while the full one is computed) apart.
+`--profile N`: also cProfile's N costliest functions by their own time.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ def main() -> None:
     timed(data, "causes", "  of which the causes in words")
     timed(data, "split", "encode it (orjson)")
     timed(data, "load", "read and align the traces (viewer.data.load)")
+    # The page's first document (`viewer.first`: the heatmap from the digests' step rows), what
+    # `gputrace view` serves before the full one, where this checkout has it.
+    first_times = None
+    try:
+        from gputrace.viewer import first
+    except ImportError:
+        first = None  # type: ignore[assignment]
+    if first is not None and not args.traces:
+        found = data.digest_inputs([folder])
+        job = data.DigestJob(found, "step", None, False, [folder]) if found is not None else None
+        w, c = time.perf_counter(), time.process_time()
+        got_first = first.document(job) if job is not None else None
+        first_times = (time.perf_counter() - w, time.process_time() - c, got_first is not None)
     prof = cProfile.Profile() if args.profile else None
     w, c = time.perf_counter(), time.process_time()
     if prof is not None:
@@ -97,6 +111,9 @@ def main() -> None:
     for label, (sw, sc) in SPENT.items():
         print(f"{label:<50} {sw:>6.2f}s {sc:>6.2f}s")
     print(f"{'all':<50} {wall:>6.2f}s {cpu:>6.2f}s  load average {os.getloadavg()[0]:.1f}")
+    if first_times is not None:
+        label = "the page's first document (viewer.first)" + ("" if first_times[2] else ": not made")
+        print(f"{label:<50} {first_times[0]:>6.2f}s {first_times[1]:>6.2f}s  (before the above, apart)")
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
 

@@ -11,11 +11,13 @@ heatmap and table are interactive, a hover, a sort, the timeline's first window 
 window from the server), and prints a table. Target: the page interactive within 5 s.
 
 First, `gputrace view` itself in a fresh process, as a user runs it: the seconds from the command
-to its printed URL and to the page's first view in Chromium, from the digests beside the traces
-(the first view after the run, and again: the document is kept beside the digests) and from the
-traces alone (a folder of hard links to them: the first view makes each rank's digest beside its
-trace, in worker processes; then again). Targets: 2 s from digests, 10 s from traces.
-`--cli-only` stops there.
+to its printed URL, to the page's first view in Chromium (the heatmap, from the first document)
+and to the full document drawn in it (breakdown, collectives, statistics, causes), from the
+digests beside the traces (the first view after the run, and again: the document is kept beside
+the digests) and from the traces alone (a folder of hard links to them: the first view makes each
+rank's digest beside its trace, in worker processes; then again). Targets: the URL within 2 s
+from digests, 10 s from traces. `--root DIR` times another checkout's command (a `git archive
+main` copy: before and after), `--repeat N` runs the table N times. `--cli-only` stops there.
 """
 
 from __future__ import annotations
@@ -100,12 +102,22 @@ def traces_only(directory: str, ranks: int) -> str:
     return bare
 
 
-def cli_view(page, folder: str, ui: str) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """`gputrace view FOLDER` as a user runs it, in a fresh process: seconds from the command to
-    its printed URL, and to the page's first view (heatmap and table interactive) in Chromium."""
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds (user + system) the process has used so far, its own (not its workers')."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
+    """`gputrace view FOLDER` as a user runs it (the checkout at `root`), in a fresh process:
+    seconds from the command to its printed URL (and the CPU seconds the command had used by then,
+    its own), to the page's first view (the heatmap interactive) in Chromium, and to the full
+    document drawn (breakdown, collectives, statistics, causes: at once where the first document
+    is the full one)."""
     cmd = [sys.executable, "-m", "gputrace", "view", folder, "--no-browser", "--perfetto-ui", ui]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -115,15 +127,19 @@ def cli_view(page, folder: str, ui: str) -> tuple[float, float]:  # type: ignore
         else:
             raise SystemExit(f"gputrace view {folder} printed no URL (exit {proc.wait()})")
         t_url = time.perf_counter() - t0
+        cpu = _cpu_s(proc.pid)
         page.goto(m.group(1))
         page.wait_for_selector("body[data-ready='1']", timeout=300_000)
-        return t_url, time.perf_counter() - t0
+        t_first = time.perf_counter() - t0
+        if page.get_attribute("body", "data-full") not in (None, "1"):
+            page.wait_for_selector("body[data-full='1'], body[data-full='error']", timeout=600_000)
+        return t_url, t_first, time.perf_counter() - t0, cpu
     finally:
         proc.terminate()
         proc.wait()
 
 
-def cli_table(directory: str, ranks: int, steps: int) -> None:
+def cli_table(directory: str, ranks: int, steps: int, root: str = ROOT, repeat: int = 1) -> None:
     """The command's own times: from the digests (first view after the run, and again with the
     document kept beside them), and from the traces alone."""
     from playwright.sync_api import sync_playwright
@@ -131,28 +147,43 @@ def cli_table(directory: str, ranks: int, steps: int) -> None:
     ui = tempfile.mkdtemp()
     with open(os.path.join(ui, "index.html"), "w") as f:
         f.write("<!doctype html><title>no timeline</title>")
-    for old in os.listdir(directory):  # the first view after the run: no document kept yet
-        if old.startswith(".gputrace-view-"):
-            os.unlink(os.path.join(directory, old))
-    runs = [("digests, first view", directory), ("digests, again", directory), ("digests, again", directory)]
+    if os.path.realpath(root) != os.path.realpath(ROOT):
+        # An editable install maps gputrace.viewer to its own checkout's viewer/: a copy made with
+        # `git archive` needs gputrace/viewer -> ../viewer to run its own.
+        where = subprocess.run(
+            [sys.executable, "-c", "import gputrace.viewer as v; print(v.__file__)"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not os.path.realpath(where).startswith(os.path.realpath(root) + os.sep):
+            raise SystemExit(f"{root}: its gputrace.viewer is {where}; link it: ln -s ../viewer {root}/gputrace/viewer")
     bare = traces_only(directory, ranks)
-    for old in os.listdir(bare):  # traces alone: the digests and document an earlier view made there go
-        if old.startswith((".gputrace-view-", "digest_rank")):
-            os.unlink(os.path.join(bare, old))
-    runs.append(("traces alone (their digests made)", bare))
-    runs.append(("traces alone, again", bare))
     rows = []
+    load = [os.getloadavg()[0]]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        for what, folder in runs:
-            rows.append((what, *cli_view(page, folder, ui)))
+        for _ in range(repeat):
+            for old in os.listdir(directory):  # the first view after the run: no document kept yet
+                if old.startswith(".gputrace-view-"):
+                    os.unlink(os.path.join(directory, old))
+            for old in os.listdir(bare):  # traces alone: the digests and document an earlier view made go
+                if old.startswith((".gputrace-view-", "digest_rank")):
+                    os.unlink(os.path.join(bare, old))
+            runs = [("digests, first view", directory), ("digests, again", directory)]
+            runs += [("traces alone (their digests made)", bare), ("traces alone, again", bare)]
+            for what, folder in runs:
+                rows.append((what, *cli_view(page, folder, ui, root)))
+                load.append(os.getloadavg()[0])
         browser.close()
-    print(f"gputrace view (the command, a fresh process), {ranks} ranks x {steps:,} steps, {os.cpu_count()} cores")
-    print(f"{'from':<34} {'to the URL':>10} {'to the first view':>18}")
-    for what, t_url, t_page in rows:
-        print(f"{what:<34} {t_url:>9.2f}s {t_page:>17.2f}s")
-    print(f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"gputrace view (the command, a fresh process, {root}), {ranks} ranks x {steps:,} steps, {os.cpu_count()} cores"
+    )
+    print(f"{'from':<34} {'to the URL':>10} {'(its CPU)':>10} {'to the heatmap':>15} {'to the full document':>21}")
+    for what, t_url, t_page, t_full, cpu in rows:
+        print(f"{what:<34} {t_url:>9.2f}s {cpu:>9.2f}s {t_page:>14.2f}s {t_full:>20.2f}s")
+    print(f"load average {min(load):.1f}-{max(load):.1f}")
 
 
 def timed(fn):  # type: ignore[no-untyped-def]
@@ -167,11 +198,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--cli-only", action="store_true", help="only the command's own times (no stage table)")
+    ap.add_argument("--root", default=ROOT, help="the checkout whose `gputrace view` is timed (before/after)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the command's table")
     args = ap.parse_args()
     directory = args.dir or os.path.join(tempfile.gettempdir(), "gputrace-viewer-bench")
     os.makedirs(directory, exist_ok=True)
     paths = inputs(directory, args.ranks, args.steps)
-    cli_table(directory, args.ranks, args.steps)
+    cli_table(directory, args.ranks, args.steps, os.path.abspath(args.root), args.repeat)
     if args.cli_only:
         return
     print()

@@ -164,8 +164,16 @@ def digest_nest(
     carry_starts: array[int],
     carry_ends: array[int],
     floor: array[int],
+    lean: bool = False,
+    carry_bytes: bool = False,
     /,
 ) -> Any: ...
+def digest_entries(
+    entry: Any, tracks: Any, starts: Any, ends: Any, skip: bytes | None, cuda_mask: bytes, /
+) -> tuple[bytes, bytes]: ...
+def digest_lags(
+    xs: Any, ss: Any, step_starts: Any, step_ends: Any, final: bool, /
+) -> tuple[list[int], list[int], list[int], bytes, bytes]: ...
 
 class DisabledSpan:
     name: str

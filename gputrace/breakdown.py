@@ -93,16 +93,25 @@ def _within_py(us: Sequence[int], ue: Sequence[int], starts: Sequence[int], ends
     return out
 
 
+def _covered_py(starts: Sequence[int], ends: Sequence[int], ws: Sequence[int], we: Sequence[int]) -> list[int]:
+    """For each window [ws[k], we[k]): the length of the union of the intervals inside it."""
+    return _within_py(*_union_py(starts, ends), ws, we)
+
+
 def _c_loops(hot: Any) -> None:
     """Bind the C build's interval loops (None where gputrace.native has the Python twins in use)."""
-    global _union_c, _minus_c, _within_c
-    got = [getattr(hot, f"interval_{x}", None) if hot is not None else None for x in ("union", "minus", "within")]
-    _union_c, _minus_c, _within_c = got
+    global _union_c, _minus_c, _within_c, _covered_c
+    got = [
+        getattr(hot, f"interval_{x}", None) if hot is not None else None
+        for x in ("union", "minus", "within", "covered")
+    ]
+    _union_c, _minus_c, _within_c, _covered_c = got
 
 
 _union_c: Any = None
 _minus_c: Any = None
 _within_c: Any = None
+_covered_c: Any = None
 native.on_switch(_c_loops)
 
 
@@ -140,6 +149,15 @@ def within(us: Sequence[int], ue: Sequence[int], starts: Sequence[int], ends: Se
     if _within_c is not None:
         return _within_c(_q(us), _q(ue), _q(starts), _q(ends))  # type: ignore[no-any-return]
     return _within_py(us, ue, starts, ends)
+
+
+def covered(starts: Sequence[int], ends: Sequence[int], ws: Sequence[int], we: Sequence[int]) -> list[int]:
+    """`within(*union(starts, ends), ws, we)` without the union's columns: the C loop merges the
+    intervals in one buffer (16 bytes an interval) and reads each window off it; a rank of
+    millions of spans that do not overlap has as many intervals."""
+    if _covered_c is not None:
+        return _covered_c(_q(starts), _q(ends), _q(ws), _q(we))  # type: ignore[no-any-return]
+    return _covered_py(starts, ends, ws, we)
 
 
 def is_ancestor(
@@ -203,12 +221,13 @@ def rank_breakdown(
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """One rank's idle, collective wait, collective transfer and exposed collective time in each
     step window. The spans (`starts`, `ends`, `tracks`, and whether each is a collective): the
-    rank's spans other than steps and their ancestors; `transfers`: each of its collectives' time
-    after the last rank arrived (starts, ends); `wait_ns`: each step's time inside collectives."""
+    rank's spans other than steps and their ancestors (`tracks` may be empty where none is a
+    collective: they serve the exposed collective time alone); `transfers`: each of its
+    collectives' time after the last rank arrived (starts, ends); `wait_ns`: each step's time
+    inside collectives."""
     # The step windows and the picked spans as int64 arrays once, not at every loop's call.
     step_starts, step_ends = _q(step_starts), _q(step_ends)
-    everything = union_columns(starts, ends)
-    idle = [b - a - x for a, b, x in zip(step_starts, step_ends, within(*everything, step_starts, step_ends))]
+    idle = [b - a - x for a, b, x in zip(step_starts, step_ends, covered(starts, ends, step_starts, step_ends))]
     # Unions as int64 columns: `within` reads them in place, where lists would be converted.
     transfer = within(*union_columns(*transfers), step_starts, step_ends)
     wait = [w - x for w, x in zip(wait_ns, transfer)]

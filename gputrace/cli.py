@@ -214,9 +214,10 @@ def _summary_text(
 ) -> str:
     import orjson
 
-    from gputrace import live, stats
+    from gputrace import heap, live, stats
     from gputrace.summary import summary_of_files
 
+    heap.map_large_blocks()  # the command reads traces whole: freed large blocks go back at once
     sel = selection or Selection()
     opened = live.read_all(paths)  # a live or killed run: where each rank is, on top
     try:
@@ -350,10 +351,12 @@ def merge(
 ) -> None:
     """Merge per-rank traces (files, directories or globs) into one aligned timeline; a
     torch.profiler trace of a rank joins that rank."""
+    from gputrace import heap
     from gputrace import merge as merge_mod
     from gputrace.trace.files import check_target
 
     check_target(out)  # before minutes of reading ranks, not after
+    heap.map_large_blocks()  # ranks read whole one after another: freed large blocks go back at once
     meta = merge_mod.merge(
         paths,
         out,
@@ -493,7 +496,7 @@ def view(
 
     from gputrace.trace.files import check_target, write_atomic
     from gputrace.trace.registry import expand
-    from gputrace.viewer import data, report, server
+    from gputrace.viewer import background, data, report, server
 
     if export:
         check_target(export)  # before the traces are read, not after
@@ -508,21 +511,33 @@ def view(
     # --skip-steps not given: the viewer leaves out warm-up steps that are outliers, and says so.
     given = click.get_current_context().get_parameter_source("skip_steps") is not ParameterSource.DEFAULT
     skip_steps = sel.skip_steps if given else None
-    # Many ranks: the page from their step digests, the timeline from the files a window at a time.
-    got = (
-        None
-        if sel.given
-        else data.digest_view(paths, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths)
-    )
+    # Many ranks: the page from their step digests, the timeline from the files a window at a time;
+    # served, its first document while the full one is computed behind it.
+    opts = {"step": sel.step_name, "skip_steps": skip_steps, "require_step": require_step, "inputs": paths}
+    got = None if sel.given or not export else data.digest_view(paths, **opts)
+    served = None if sel.given or export else background.from_digests(paths, **opts)
     # Served, the document stays encoded as the digests' view gave it (its small keys aside).
-    doc, body = (None, None) if got is None else (data.join(*got), None) if export else got
+    doc, body = (data.join(*got), None) if got is not None else (served.doc, served.body) if served else (None, None)
     trace = None
     if doc is not None:
         click.echo(f"gputrace view: read the step digests of {len(doc['ranks'])} ranks", err=True)
     else:
+        from gputrace import heap
+        from gputrace.summary import load_for_statistics
+
+        heap.map_large_blocks()  # freed large blocks go back at once (the page's read, then the timeline's)
         click.echo(f"gputrace view: reading {len(files)} trace file{'s' if len(files) != 1 else ''}", err=True)
-        trace = data.load(files, ranks=sel.ranks, steps=sel.steps, window=sel.window, step_name=sel.step_name)
-        doc = data.document(trace, step=sel.step_name, skip_steps=skip_steps, require_step=require_step, inputs=paths)
+        # The page's numbers from the traces read for the statistics alone; the timeline's trace,
+        # with every argument, read when the timeline first asks (the two never held at once).
+        wanted = {"ranks": sel.ranks, "steps": sel.steps, "window": sel.window, "step_name": sel.step_name}
+        doc = data.document(
+            load_for_statistics(files, **wanted),
+            step=sel.step_name,
+            skip_steps=skip_steps,
+            require_step=require_step,
+            inputs=paths,
+        )
+        trace = functools.partial(data.load, files, **wanted)
     if compare is not None:
         doc["compare"] = data.compare(
             list(paths), [compare], step=sel.step, skip_steps=sel.skip_steps, ranks=sel.ranks, steps=sel.steps
@@ -538,7 +553,17 @@ def view(
         if trace is not None
         else server.WindowedViewer(files, doc, ui, name=doc["title"], body=body)
     )
+    if served is not None and served.build is not None:
+        viewer.follow(served.build, {k: doc[k] for k in ("compare", "open") if k in doc})
+        served.build.on_done(_say_full)
     _serve(viewer, port, ui, no_browser)
+
+
+def _say_full(build: Any) -> None:
+    if build.error is None:
+        click.echo(f"gputrace view: the full document is ready ({build.seconds:.1f} s): the page shows it", err=True)
+    else:
+        click.echo(f"gputrace view: the full document could not be computed: {build.error}", err=True)
 
 
 def _follow(paths: tuple[str, ...], port: int, no_browser: bool, export: str | None, sel: Selection) -> None:

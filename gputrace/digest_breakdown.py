@@ -16,8 +16,10 @@ and each span's aggregate key. Gives, for the digest document (`Local.document`)
 - `launch_lag`: per finished step (in start order), device start minus host entry of the CUDA
   span that started first in the step (`breakdown.launch_lags`), or None.
 
-The per-span work is two C loops (`_hot.digest_cover`, `_hot.digest_nest`); `_cover_py` and
-`_nest_py` are their references and the fallback.
+The per-span work is C loops (`_hot.digest_cover`, `_hot.digest_nest`, `_hot.digest_entries`,
+`_hot.digest_lags`); `_cover_py`, `_nest_py`, `_entries_py` and `_lags_py` are their references
+and the fallback. Work per batch stays per span of the batch: the cover of a batch after the
+track's is appended, and the waiting host entries are placed again only once new steps came.
 """
 
 from __future__ import annotations
@@ -189,13 +191,17 @@ def _nest_py(
 
 def _c_loops(hot: Any) -> None:
     """Bind the C build's loops (None where gputrace.native has the Python twins in use)."""
-    global _cover_c, _nest_c
+    global _cover_c, _nest_c, _entries_c, _lags_c
     _cover_c = getattr(hot, "digest_cover", None) if hot is not None else None
     _nest_c = getattr(hot, "digest_nest", None) if hot is not None else None
+    _entries_c = getattr(hot, "digest_entries", None) if hot is not None else None
+    _lags_c = getattr(hot, "digest_lags", None) if hot is not None else None
 
 
 _cover_c: Any = None
 _nest_c: Any = None
+_entries_c: Any = None
+_lags_c: Any = None
 native.on_switch(_c_loops)
 
 
@@ -209,6 +215,76 @@ def nest_spans(*a: Any) -> tuple[list[int], ...]:
         if got is not NotImplemented:  # sums past 2^63 ns are Python's
             return got  # type: ignore[no-any-return]
     return _nest_py(*a)
+
+
+def _entries_py(
+    entry: Sequence[int],
+    tracks: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    skip: bytes | None,
+    cuda_mask: bytes,
+) -> tuple[array[int], array[int]]:
+    """(host entry, device start) of the spans with a host entry on a CUDA track (a byte a track
+    in `cuda_mask`), not inverted, not set in `skip`, in span order."""
+    xs, ss = array("q"), array("q")
+    for i, (x, t, s) in enumerate(zip(entry, tracks, starts)):
+        if x > 0 and 0 <= t < len(cuda_mask) and cuda_mask[t] and ends[i] >= s and not (skip is not None and skip[i]):
+            xs.append(x)
+            ss.append(s)
+    return xs, ss
+
+
+def _lags_py(
+    xs: Sequence[int], ss: Sequence[int], step_starts: Sequence[int], step_ends: Sequence[int], final: bool
+) -> tuple[list[int], list[int], list[int], array[int], array[int]]:
+    """Entries placed in the steps by device start, as `breakdown.launch_lags` places them: per
+    step that got one (ascending), its index and the entry and start of its least (start,
+    entry); then the entries that wait (unless `final`: no steps yet, or past the last end)."""
+    last_end = max(step_ends) if step_ends else None
+    best: dict[int, tuple[int, int]] = {}
+    wx, ws = array("q"), array("q")
+    for x, s in zip(xs, ss):
+        j = bisect_right(step_starts, s) - 1
+        if j >= 0 and s < step_ends[j]:
+            got = best.get(j)
+            if got is None or (s, x) < got:
+                best[j] = (s, x)
+        elif not final and (last_end is None or s >= last_end):
+            wx.append(x)
+            ws.append(s)
+    idx = sorted(best)
+    return idx, [best[j][1] for j in idx], [best[j][0] for j in idx], wx, ws
+
+
+def entries(*a: Any) -> tuple[array[int], array[int]]:
+    if _entries_c is None:
+        return _entries_py(*a)
+    bx, bs = _entries_c(*a)
+    return _array_of(bx), _array_of(bs)
+
+
+def lags_of(*a: Any) -> tuple[list[int], list[int], list[int], array[int], array[int]]:
+    if _lags_c is None:
+        return _lags_py(*a)
+    idx, px, ps, bx, bs = _lags_c(*a)
+    return idx, px, ps, _array_of(bx), _array_of(bs)
+
+
+def _array_of(b: bytes) -> array[int]:
+    col = array("q")
+    col.frombytes(b)
+    return col
+
+
+def nest_carried(*a: Any) -> tuple[Any, ...]:
+    """`nest_spans` with the spans left untaken as int64 arrays (they pass through every batch)."""
+    if _nest_c is not None:
+        got = _nest_c(*a, False, True)
+        if got is not NotImplemented:
+            return (*got[:2], *map(_array_of, got[2:5]), *got[5:])
+    got = _nest_py(*a)
+    return (*got[:2], *(array("q", x) for x in got[2:5]), *got[5:])
 
 
 def cover_columns(*a: Any) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
@@ -253,10 +329,14 @@ class Local:
         # track -> [least start, latest start, time, 1 once a parent took some] of the spans summed up
         self.summed: dict[int, list[int]] = {}
         self.lags: dict[int, tuple[int, int]] = {}  # step start -> (host entry, device start)
-        self.pending: list[tuple[int, int]] = []  # (entry, start) past the steps known
+        # Host entries and device starts past the steps known, placed again once steps change.
+        self.pending: tuple[array[int], array[int]] = (array("q"), array("q"))
+        self._steps_changed = 0  # counts the calls of `steps`
+        self._placed_at = 0  # the count the pending entries were last placed at
 
     def steps(self, starts: Sequence[int], ends: Sequence[int], tracks: Sequence[int]) -> None:
         """Finished step spans of a batch (before the batch's other work)."""
+        self._steps_changed += 1
         if not self.step_starts or min(starts) >= self.step_starts[-1]:
             order = sorted(range(len(starts)), key=starts.__getitem__)  # the usual case: after the ones known
             self.step_starts.extend(map(starts.__getitem__, order))
@@ -296,17 +376,22 @@ class Local:
         n = len(ct)
         while lo < n:
             t = ct[lo]
-            hi = lo
-            while hi < n and ct[hi] == t:
-                hi += 1
+            hi = bisect_right(ct, t, lo)  # the intervals come by track
             self._merge(t, cs[lo:hi], ce[lo:hi])
             lo = hi
+        xs, ss = (array("q"), array("q"))
         if entry is not None:
-            for i, (x, t, s) in enumerate(zip(entry, tracks, starts)):
-                if x > 0 and 0 <= t < len(cuda) and cuda[t] and ends[i] >= s and not (skip is not None and skip[i]):
-                    self.pending.append((x, s))
-        if self.pending:
-            self._place_entries(final=False)
+            xs, ss = entries(entry, tracks, starts, ends, skip, bytes(cuda))
+        if self._placed_at != self._steps_changed and len(self.pending[0]):
+            # New steps: the waiting entries are placed again with this batch's. Otherwise they
+            # would wait again, so only the batch's are placed.
+            xs, ss = self.pending[0] + xs, self.pending[1] + ss
+            self.pending = (array("q"), array("q"))
+        self._placed_at = self._steps_changed
+        if len(xs):
+            wx, ws = self._place(self.lags, xs, ss, final=False)
+            self.pending[0].extend(wx)
+            self.pending[1].extend(ws)
 
     def _merge(self, t: int, xs: list[int], xe: list[int]) -> None:
         """Disjoint intervals (sorted) into track t's cover: they mostly come after it, so only
@@ -316,6 +401,10 @@ class Local:
             self.cover[t] = (xs, xe)
             return
         us, ue = have
+        if xs[0] > ue[-1]:  # all after it (a flush's spans, after the last): appended as they are
+            us += xs
+            ue += xe
+            return
         j = bisect_left(ue, xs[0])  # the first interval ending at or after the batch's first start
         pairs = sorted(zip(us[j:] + xs, ue[j:] + xe))
         del us[j:], ue[j:]
@@ -327,26 +416,19 @@ class Local:
                 us.append(a)
                 ue.append(b)
 
-    def _place_entries(self, final: bool) -> None:
-        """Host entries into the known steps by device start: the first started of each step is
-        kept; those starting past the last step known wait (unless `final`); others (between
-        steps) are dropped."""
-        self.lags, self.pending = self._placed(final)
-
-    def _placed(self, final: bool) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int]]]:
-        ss, se = self.step_starts, self.step_ends
-        last_end = max(se) if se else None
-        lags = dict(self.lags)
-        wait = []
-        for x, s in self.pending:  # placed by device start, as `breakdown.launch_lags` places them
-            j = bisect_right(ss, s) - 1
-            if j >= 0 and s < se[j]:
-                got = lags.get(ss[j])
-                if got is None or (s, x) < (got[1], got[0]):
-                    lags[ss[j]] = (x, s)
-            elif not final and (last_end is None or s >= last_end):
-                wait.append((x, s))
-        return lags, wait
+    def _place(
+        self, lags: dict[int, tuple[int, int]], xs: array[int], ss: array[int], final: bool
+    ) -> tuple[array[int], array[int]]:
+        """Host entries `xs` at device starts `ss` into `lags` by the known steps: the first started
+        of each step is kept; those starting past the last step known are returned to wait
+        (unless `final`); others (between steps) are dropped."""
+        st = array("q", self.step_starts)
+        idx, px, ps, wx, ws = lags_of(xs, ss, st, array("q", self.step_ends), final)
+        for j, x, s in zip(idx, px, ps):
+            got = lags.get(st[j])
+            if got is None or (s, x) < (got[1], got[0]):
+                lags[st[j]] = (x, s)
+        return wx, ws
 
     def nest(
         self,
@@ -363,7 +445,7 @@ class Local:
         floor = array("q", [_NONE]) * (max(self.summed, default=-1) + 1)
         for t, got in self.summed.items():
             floor[t] = got[1]
-        ck, cn, ot, os_, oe, bk, bt, bs = nest_spans(
+        ck, cn, ot, os_, oe, bk, bt, bs = nest_carried(
             names, tracks, starts, ends, skip, steps, bucket, nb, *self.carry, floor
         )
         ch = self.children
@@ -384,7 +466,7 @@ class Local:
                     del self.summed[t]
                 else:
                     v[3] = 1
-        self.carry = (array("q", ot), array("q", os_), array("q", oe))
+        self.carry = (ot, os_, oe)
         if len(ot) > CARRY_SPANS:
             self._sum_up()
 
@@ -398,9 +480,7 @@ class Local:
         n = len(ct)
         while lo < n:
             t = ct[lo]
-            hi = lo
-            while hi < n and ct[hi] == t:
-                hi += 1
+            hi = bisect_right(ct, t, lo)  # the carried spans come by track
             cut = max(lo, hi - keep_each)
             if cut > lo:
                 v = self.summed.setdefault(t, [cs[lo], cs[lo], 0, 0])
@@ -421,6 +501,8 @@ class Local:
         c.unknown_names = set(self.unknown_names)
         c.carry = (array("q", self.carry[0]), array("q", self.carry[1]), array("q", self.carry[2]))
         c.summed = {t: list(v) for t, v in self.summed.items()}
+        c.pending = (array("q", self.pending[0]), array("q", self.pending[1]))
+        c.lags = dict(self.lags)
         return c
 
     def document(self, base_ns: int) -> dict[str, Any]:
@@ -436,8 +518,9 @@ class Local:
             cd += map(sub, ue, us)
         cs = list(map(sub, starts, [base_ns, *starts[:-1]]))
         lags: list[int | None] = [None] * len(self.step_starts)
-        if self.lags or self.pending:
-            placed, _ = self._placed(final=True)
+        if self.lags or len(self.pending[0]):
+            placed = dict(self.lags)
+            self._place(placed, *self.pending, final=True)
             for k, s in enumerate(self.step_starts):
                 got = placed.get(s)
                 if got is not None:

@@ -56,6 +56,10 @@ _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "
 # A stream's base lies this far before the session began: device spans are placed on the host
 # clock within their anchors' error bars, so one can start a few microseconds "before" it.
 _BASE_MARGIN_NS = 1_000_000
+# Memory is sampled at a flush at most this often (and at every waiting flush, a save's among
+# them): asking the caching allocator costs ~10 us, which flushes far apart never notice but
+# steps of a millisecond would.
+MEMORY_PERIOD_NS = 1_000_000
 
 
 class Session:
@@ -74,6 +78,7 @@ class Session:
         self.started_ns = 0
         self.counter_names: list[str] = []  # counter track names, e.g. "cuda:0 memory allocated"
         self.counters = CounterColumns()
+        self._memory_at = -MEMORY_PERIOD_NS  # when memory was last sampled (host clock, ns)
         self._skeleton: Any = None  # a stream chunk's process and tracks, while they last
         self.stream: Any = None  # a chrome or perfetto StreamWriter while streaming
         self.sinks: list[Sink] = []  # what each flush feeds while streaming: the stream, its digest
@@ -213,7 +218,7 @@ class Session:
             return 0
         with self._critical():
             n = rec.flush(wait=wait)
-            self._sample_memory(rec)
+            self._sample_memory(rec, wait)
             if self.reporter is not None:
                 self.reporter.flushed(rec)
             if self.config.out_dir:
@@ -233,13 +238,16 @@ class Session:
             deferred, self._deferred = self._deferred, None
             self._handle_signal(*deferred, write=not done)
 
-    def _sample_memory(self, rec: Recorder) -> None:
+    def _sample_memory(self, rec: Recorder, always: bool) -> None:
         if rec.device is None:
             return
         memory = getattr(rec.device, "memory", None)
         if memory is None:
             return
         now = rec.clock.now()
+        if not always and now - self._memory_at < MEMORY_PERIOD_NS:
+            return
+        self._memory_at = now
         for dev in sorted({t.device for t in rec.tracks if t.device is not None}):
             try:
                 allocated, reserved = memory(dev)

@@ -25,7 +25,7 @@ import textwrap
 import unicodedata
 from array import array
 from bisect import bisect_left
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import contains, ge, getitem, sub
@@ -267,7 +267,7 @@ def summarize(
 
     # Every finished span of each rank, warm-up included: the breakdown looks at all that was
     # open in a kept step, and a span's children may lie in the warm-up.
-    own = [grouped.own_of(s) for s in range(nr)]  # in trace order
+    own = grouped.own_spans(nr)  # in trace order (ranges where a rank's spans lie together)
     # ... and those a digest keeps as rows: named like the step or a collective, or marked one.
     row_names = {n for n, x in enumerate(names) if n == step_id or WAIT_NAMES.search(x)}
     marked_true_names = set(compress(sp.name, marked.translate(columns.TRUE_MASK)))
@@ -299,12 +299,10 @@ def summarize(
         notes.append(warmup_note(skip_steps, step, sum(warmup)))
 
     row_mask = bytes(n in row_names for n in range(len(names)))
-    local = [_local(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []), skip_steps, stride, s) for s in range(nr)]
+    children = {
+        k: c for s in range(nr) for k, c in _children(trace, own[s], step_idx.get(s, []), skip_steps, stride, s)
+    }
     dur = array("q", map(sub, end, start))
-    children = {k: c for loc in local for k, c in loc[1].items()}
-    if sp.entry is None:  # each rank's spans serve the launch lags alone, which need host entry times
-        own = []
-        grouped.own = array("q")
     by_rank, all_rows = _name_stats(groups, names, ranks, stride, dur, start, end, children)
     del dur  # 8 bytes a span, not needed past the names' rows
 
@@ -354,9 +352,13 @@ def summarize(
     del groups
     grouped.order = array("q")
     if steps is not None:
-        covers = [loc[0] for loc in local]
+        # Each rank's cover (24 bytes a span that does not overlap another on its track) made
+        # only now, with the index column gone, and one rank's at a time.
+        def cover_of(s: int) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+            return _cover(trace, own[s], rows_of[s], row_mask, step_idx.get(s, []))
+
         colls = {i for v in coll_idx.values() for i in v}
-        steps = _breakdown(trace, steps, step_idx, rows_of, covers, cover, collectives, colls, set(unknown_breakdown))
+        steps = _breakdown(trace, steps, step_idx, rows_of, cover_of, cover, collectives, colls, set(unknown_breakdown))
         if trace.spans.entry is not None:
             steps = _launch_lags(trace, steps, own)
 
@@ -633,32 +635,49 @@ def _steps(
     )
 
 
-def _local(
-    trace: Trace,
-    own: Sequence[int],
-    rows: list[int],
-    row_mask: bytes,
-    steps: list[int],
-    skip: int,
-    stride: int,
-    slot: int,
-) -> tuple[tuple[Sequence[int], Sequence[int], Sequence[int]], dict[int, int]]:
-    """One rank's cover (the union per track of its spans that are not rows of a digest nor a
-    step's ancestor) and its kept spans' children's time per group key (name * stride + slot),
-    by the digest's own loops (`gputrace.digest_breakdown`), over its spans in the order written."""
+def _rank_columns(trace: Trace, idx: Sequence[int]) -> tuple[Sequence[int], ...]:
+    """The name, track, start and end columns of a rank's spans `idx` (ascending)."""
     sp = trace.spans
-    idx = own  # ascending
     if idx and idx[0] == 0 and len(idx) == len(sp):  # the trace's only rank: its columns as they are
-        names, tracks, starts, ends = sp.name, sp.track, sp.start, sp.end
-    elif idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
+        return sp.name, sp.track, sp.start, sp.end
+    if idx and idx[-1] - idx[0] + 1 == len(idx):  # a rank's spans lie together (merge takes rank by rank)
         lo, hi = idx[0], idx[-1] + 1
-        names, tracks = array("l", sp.name[lo:hi]), array("l", sp.track[lo:hi])
-        starts, ends = array("q", sp.start[lo:hi]), array("q", sp.end[lo:hi])
-    else:
-        names = array("l", map(sp.name.__getitem__, idx))
-        tracks = array("l", map(sp.track.__getitem__, idx))
-        starts = array("q", map(sp.start.__getitem__, idx))
-        ends = array("q", map(sp.end.__getitem__, idx))
+        return (
+            array("l", sp.name[lo:hi]),
+            array("l", sp.track[lo:hi]),
+            array("q", sp.start[lo:hi]),
+            array("q", sp.end[lo:hi]),
+        )
+    return (
+        array("l", map(sp.name.__getitem__, idx)),
+        array("l", map(sp.track.__getitem__, idx)),
+        array("q", map(sp.start.__getitem__, idx)),
+        array("q", map(sp.end.__getitem__, idx)),
+    )
+
+
+def _children(
+    trace: Trace, own: Sequence[int], steps: list[int], skip: int, stride: int, slot: int
+) -> list[tuple[int, int]]:
+    """One rank's kept spans' children's time per group key (name * stride + slot), by the
+    digest's own loop (`gputrace.digest_breakdown`), over its spans `own` in the order written."""
+    names, tracks, starts, ends = _rank_columns(trace, own)
+    # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
+    cut = array("q", [trace.spans.start[steps[skip]]] if skip and len(steps) > skip else [])
+    e = array("q")
+    ck, cn = dbk.nest_keys(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
+    kept = 1 if len(cut) else 0
+    return [(n * stride + slot, c) for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept]
+
+
+def _cover(
+    trace: Trace, own: Sequence[int], rows: list[int], row_mask: bytes, steps: list[int]
+) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
+    """One rank's cover: the union per track of its spans `own` (ascending) that are not rows of
+    a digest nor a step's ancestor, by the digest's own loop (`gputrace.digest_breakdown`)."""
+    sp = trace.spans
+    idx = own
+    names, tracks, starts, ends = _rank_columns(trace, idx)
     skip_rows = None
     marked = [i for i in rows if not row_mask[sp.name[i]]]  # marked collective=True, not named like one
     if marked:
@@ -669,14 +688,7 @@ def _local(
     ss = array("q", (sp.start[i] for i in steps))
     se = array("q", (sp.end[i] for i in steps))
     st = array("q", (sp.track[i] for i in steps))
-    cover = dbk.cover_columns(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
-    # Bucket 1: at or after the first kept step (bucket 0 holds all when none is skipped).
-    cut = array("q", [ss[skip]] if skip and len(ss) > skip else [])
-    e = array("q")
-    ck, cn = dbk.nest_keys(names, tracks, starts, ends, None, cut, -1, 2, e, e, e, e)
-    kept = 1 if len(cut) else 0
-    children = {n * stride + slot: c for key, c in zip(ck, cn) for n, b in [divmod(key, 2)] if b == kept}
-    return cover, children
+    return dbk.cover_columns(names, tracks, starts, ends, skip_rows, row_mask, ss, se, st)
 
 
 def _breakdown(
@@ -684,7 +696,7 @@ def _breakdown(
     steps: Steps,
     step_idx: dict[int, list[int]],
     rows: list[list[int]],
-    covers: list[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+    cover_of: Callable[[int], tuple[Sequence[int], Sequence[int], Sequence[int]]],
     cover_spans: list[list[int]],
     collectives: Collectives | None,
     colls: set[int],
@@ -692,7 +704,7 @@ def _breakdown(
 ) -> Steps:
     """`steps` with each rank's breakdown (`gputrace.breakdown`) filled in: from its rows (its
     collective spans, others named like one, not its steps) and its cover, computed here
-    (`covers`) or a digest's (`cover_spans`). `colls`: the collective spans."""
+    (`cover_of` a rank slot) or a digest's (`cover_spans`). `colls`: the collective spans."""
     sp = trace.spans
     start, end, track = sp.start, sp.end, sp.track
     transfers: dict[int, tuple[Sequence[int], Sequence[int]]] = {r: ([], []) for r in steps.ranks}
@@ -732,17 +744,20 @@ def _breakdown(
         ancestors = {i for i in long if bd.is_ancestor(start[i], end[i], track[i], ss, se, strk)}
         mine = [i for i in rows[s] if i not in ancestors] if ancestors else list(rows[s])
         mine += cover_spans[s]
-        ct, cs, ce = covers[s]
+        ct, cs, ce = cover_of(s)
         if mine:  # the picked spans' columns (one C gather each), then the cover's
             ms, me, mt = columns.take(mine, start, end, track)
             cs, ce, ct = _then(ms, cs), _then(me, ce), _then(mt, ct)
+        is_coll = bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine))))  # a byte a span
+        if is_coll.count(0) == len(is_coll):
+            ct = array("q")  # the tracks serve the exposed collective time alone: none here (8 bytes a span)
         i_, w_, t_, e_ = bd.rank_breakdown(
             ws,
             we,
             cs,  # the cover alone (a whole trace of one rank): its columns, not copies
             ce,
             ct,
-            bytes(chain(map(colls.__contains__, mine), repeat(False, len(ct) - len(mine)))),  # one byte a span
+            is_coll,
             (transfers[r][0], transfers[r][1]),
             steps.wait_ns[r],
         )

@@ -34,6 +34,9 @@ from typing import Any
 
 from gputrace import native
 
+#: The span arguments the statistics read (`groups`); a trace read for them alone keeps no other
+#: (`registry.only_args`).
+ARGS = ("unfinished", "cover", "collective")
 MARKED_NONE, MARKED_FALSE, MARKED_TRUE = 0, 1, 2  # a span's `collective` argument: absent, false, true
 #: bytes.translate table: MARKED_TRUE -> 1, else 0 (a mask for itertools.compress)
 TRUE_MASK = bytes(1 if b == MARKED_TRUE else 0 for b in range(256))
@@ -54,6 +57,19 @@ class Groups:
         view = self.order if isinstance(self.order, memoryview) else memoryview(self.order)
         b = self.bounds
         return {k: view[b[j] : b[j + 1]] for j, k in enumerate(self.keys)}
+
+    def own_spans(self, slots: int) -> list[Sequence[int]]:
+        """`own_of` each of the first `slots` slots: ranges where each slot's spans lie together
+        (as a merge leaves each rank's), and then `own` let go (8 bytes a span); else views."""
+        got = [self.own_of(s) for s in range(slots)]
+        spans: list[Sequence[int]] = []
+        for v in got:
+            if len(v) and v[-1] - v[0] + 1 != len(v):  # ascending: together when first to last is all
+                return got
+            spans.append(range(v[0], v[-1] + 1) if len(v) else range(0))
+        del got
+        self.own = array("q")
+        return spans
 
     def own_of(self, slot: int) -> Sequence[int]:
         view = self.own if isinstance(self.own, memoryview) else memoryview(self.own)
@@ -164,6 +180,8 @@ def groups(
     names: Sequence[int], tracks: Sequence[int], args: list[Any], slot_of_track: Sequence[int], stride: int
 ) -> Groups:
     """Every span's group (key `name * stride + slot`; see the module's docstring)."""
+    if type(args) is not list and hasattr(args, "dense") and _hot is not None:
+        args = args.dense()  # a column of no or sparse memory, as a list while grouped (8 bytes a span)
     if _hot is None or type(args) is not list:
         return Groups(*_groups_py(names, tracks, args, slot_of_track, stride))
     slots = slot_of_track if isinstance(slot_of_track, array) else array("q", slot_of_track)

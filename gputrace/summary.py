@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from itertools import compress
 from typing import Any
 
-from gputrace import stats
+from gputrace import stats, stats_columns
 from gputrace.digest import HIST_ERROR, WARMUP_STEPS, from_trace, hist_middle
 from gputrace.errors import GputraceError, GputraceWarning, TraceFormatError
 from gputrace.trace import digestfile, registry
@@ -39,7 +39,7 @@ from gputrace.trace.digestfile import (
     read,
     step_name_of,
 )
-from gputrace.trace.model import SpanColumns, Trace
+from gputrace.trace.model import SpanColumns, SparseArgs, Trace, _NoCats
 
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: some ranks wrote none (theirs are computed from their traces, one rank at a time).
@@ -487,7 +487,6 @@ def summary_of_files(
     one (or when the ranks are many: DIGEST_MIN_RANKS), else from the full traces; `full`, or a
     selection of ranks or steps, reads the full traces (of the selection only). Its first note
     says which it read."""
-    from gputrace import merge
 
     inputs = find(paths)
     selection = ranks is not None or steps is not None
@@ -530,7 +529,7 @@ def summary_of_files(
         if all(by_name.values()) and len({m.group(1) for m in by_name.values() if m}) == len(files):
             # Files named by rank: only the selected ones are opened.
             files = [t for t, m in by_name.items() if m and int(m.group(1)) in wanted] or files
-    trace = merge.load(files, allow_mixed=allow_mixed, ranks=ranks, steps=steps, step_name=step_name)
+    trace = load_for_statistics(files, allow_mixed=allow_mixed, ranks=ranks, steps=steps, step_name=step_name)
     s = stats.summarize(trace, step_name, skip_steps, require_step=step is not None)
     what = "read from the full traces" + why
     if selection:
@@ -544,6 +543,26 @@ def summary_of_files(
     if inputs.lone:
         what += f"; {len(inputs.lone)} digests without their traces here are left out"
     return dataclasses.replace(s, notes=[what, *s.notes])
+
+
+def load_for_statistics(files: Sequence[str], **options: Any) -> Trace:
+    """`merge.load(files, **options)`, each file read for the statistics alone: of a span's
+    arguments only those they look at (`stats_columns.ARGS`), kept for the spans that have them
+    alone (`SparseArgs`), and no categories, a column that then takes no memory. The statistics
+    of such a trace are those of the whole one; its spans' arguments are not (not for a timeline
+    or a written trace). The CLI's commands also have large blocks freed on the way given back
+    to the system at once (`heap.map_large_blocks`): a process-wide setting, which the library
+    leaves to the process that reads (a training process calling this keeps its own)."""
+    from gputrace import merge
+
+    with registry.only_args(stats_columns.ARGS):
+        trace = merge.load(files, **options)
+    sp = trace.spans
+    if type(sp.cat) is list and sp.cat.count(None) == len(sp.cat):
+        sp.cat = _NoCats(len(sp.cat))
+    if type(sp.args) is list:  # a pointer a span, where most are None
+        sp.args = SparseArgs(sp.args)
+    return trace
 
 
 def _ranges(ranks: Iterable[int]) -> str:

@@ -359,6 +359,8 @@ def test_a_digest_built_in_batches_has_the_launch_lags_and_self_times_of_the_who
     if loops == "python":
         monkeypatch.setattr(digest_breakdown, "_cover_c", None)
         monkeypatch.setattr(digest_breakdown, "_nest_c", None)
+        monkeypatch.setattr(digest_breakdown, "_entries_c", None)
+        monkeypatch.setattr(digest_breakdown, "_lags_c", None)
         monkeypatch.setattr(digest, "_rows_c", None)
         monkeypatch.setattr(digest, "_fold_c", None)
     elif digest_breakdown._nest_c is None:
@@ -428,6 +430,35 @@ def test_the_c_loops_of_the_breakdown_give_what_their_python_references_give(see
             assert sum(py[1]) > 0 and len(py[2]) > 0
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_c_loops_of_the_launch_lags_give_what_their_python_references_give(seed: int) -> None:
+    """Random host entries (none, zero, equal device starts, ties broken by the entry) on CUDA and
+    host tracks, placed in random steps, waiting past the last one or dropped between them."""
+    import random
+
+    if digest_breakdown._entries_c is None or digest_breakdown._lags_c is None:
+        pytest.skip("the C build is not in use")
+    from .conftest import random_cover_columns
+
+    rng = random.Random(seed)
+    names, tracks, starts, ends, skip, mask, ss, se, st = random_cover_columns(rng)
+    entry = array("q", (rng.choice([0, -3, s - rng.randrange(10**4)]) for s in starts))
+    cuda = bytes(rng.random() < 0.6 for _ in range(rng.randrange(0, 6)))
+    c = digest_breakdown._entries_c(entry, tracks, starts, ends, skip, cuda)
+    xs, ss_ = digest_breakdown._entries_py(entry, tracks, starts, ends, skip, cuda)
+    assert c == (xs.tobytes(), ss_.tobytes())
+    # Ties: equal device starts with different entries.
+    xs.extend(x - 1 for x in xs[: len(xs) // 3])
+    ss_.extend(ss_[: len(ss_) // 3])
+    for final in (False, True):
+        steps = (array("q", ss), se)
+        got = digest_breakdown._lags_c(xs, ss_, *steps, final)
+        idx, px, ps, wx, ws = digest_breakdown._lags_py(xs, ss_, *steps, final)
+        assert got == (idx, px, ps, wx.tobytes(), ws.tobytes())
+        if len(xs) > 100 and ss:
+            assert idx and (final or len(wx) or max(ss_) < max(se))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) -> None:
     import random
@@ -451,6 +482,13 @@ def test_the_c_interval_loops_give_what_their_python_references_give(seed: int) 
         ws = sorted(rng.randrange(10**5) for _ in range(rng.randrange(0, 50)))
         we = [w + rng.randrange(0, 5000) for w in ws]
         assert bd._within_c(*map(_arr, ua), _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
+        # The union's length in each window without its columns: windows in any order, nested,
+        # overlapping, empty and inverted ones too.
+        vs = [rng.randrange(-10, 10**5) for _ in range(rng.randrange(0, 50))]
+        ve = [v + rng.choice([-5, 0, rng.randrange(0, 5000), rng.randrange(0, 10**5)]) for v in vs]
+        got = bd._covered_c(*a, _arr(vs), _arr(ve))
+        assert got == bd._covered_py(*a, vs, ve) == bd._within_py(*ua, vs, ve)
+        assert bd._covered_c(*a, _arr(ws), _arr(we)) == bd._within_py(*ua, ws, we)
 
 
 def test_the_python_twins_give_the_summary_and_digest_of_the_c_build() -> None:

@@ -144,3 +144,63 @@ def test_batches_read_what_the_whole_file_gives(files: dict[str, Path], monkeypa
         )
 
     assert rows(p) == rows(whole)
+
+
+STATS_CHILD = r"""
+import json, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+from gputrace import summary
+from gputrace.trace import chrome, perfetto  # the readers' imports before the measure
+from gputrace.viewer import data
+op, path = sys.argv[1], sys.argv[2]
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM from here
+if op == "summary":
+    steps = summary.summary_of_files([path]).steps.count
+else:  # what `gputrace view` computes its page from
+    st = data.document(summary.load_for_statistics([path]))["steps"]
+    steps = st["count"] + st["skipped"]
+print(json.dumps({"peak": status("VmHWM:") - before, "steps": steps}))
+"""
+
+
+def stepped_trace(n: int) -> Trace:
+    """`big_trace` with a step span on the host every 100 spans (the statistics' whole work:
+    steps, their breakdown, the spans' cover)."""
+    t = big_trace(n)
+    host = t.add_track(Track(0, 9, "thread MainThread (host)", "cpu", None, 9))
+    step = t.intern("step")
+    k = array("q", range(0, n, 100))
+    t.spans.extend(
+        array("l", [step] * len(k)),
+        array("l", [host] * len(k)),
+        array("q", (BASE + i * 1_000 for i in k)),
+        array("q", (BASE + i * 1_000 + 99_000 for i in k)),
+        [{"step": j} for j in range(len(k))],
+    )
+    return t
+
+
+@pytest.mark.parametrize("fmt", ["chrome", "perfetto"])
+@pytest.mark.parametrize("op", ["summary", "view"])
+def test_summary_and_the_views_page_hold_columns_not_argument_dicts(tmp_path: Path, op: str, fmt: str) -> None:
+    """`summary` and the page of `gputrace view` read a trace for the statistics alone (a span's
+    `collective`, `unfinished` and `cover` arguments, no categories) and hold within 100 bytes an
+    event above their imports and one batch, where reading every argument and the statistics'
+    index columns held ~145."""
+    events = 3 * EVENTS
+    path = tmp_path / ("big.json" if fmt == "chrome" else "big.pftrace")
+    (chrome if fmt == "chrome" else perfetto).write(stepped_trace(events), str(path))
+    r = subprocess.run([sys.executable, "-c", STATS_CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["steps"] == events // 100
+    bound = PER_EVENT * events + BATCH // 2
+    assert got["peak"] <= bound, (
+        f"{op} of {path.stat().st_size / 1e6:.1f} MB ({events:,} events) held {got['peak'] / 1e6:.1f} MB "
+        f"> {bound / 1e6:.1f} MB"
+    )

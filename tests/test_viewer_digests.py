@@ -211,6 +211,11 @@ def test_view_served_from_digests_keeps_compare_and_open(run: Path, tmp_path: Pa
             m = re.match(r"gputrace view: http://127\.0\.0\.1:(\d+)/ ", line)
             assert m, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
             doc = orjson.loads(_get(int(m.group(1)), "/data.json"))
+            assert doc["compare"]["b"]["paths"] == [str(b)] and "open" in doc  # the first document too
+            # The full document (computed behind the first one, then kept beside the digests).
+            doc = orjson.loads(_get(int(m.group(1)), "/full.json?wait=15"))
+            while "format" not in doc:
+                doc = orjson.loads(_get(int(m.group(1)), "/full.json?wait=15"))
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
         finally:

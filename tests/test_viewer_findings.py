@@ -35,6 +35,26 @@ def test_others_median_leaves_each_rank_out() -> None:
     assert [v[0] for v in findings.others_median(five)] == [3, 3, 3, 2, 2]
 
 
+def test_others_median_is_the_median_of_the_others_on_random_columns() -> None:
+    # Its whole-row arithmetic against the definition: each rank left out, the others' median
+    # (the mean of the middle two, floored, for an even count), ties and large values included.
+    import random
+
+    rng = random.Random(20)
+    for _ in range(2000):
+        n, steps = rng.randint(1, 9), rng.randint(0, 6)
+        busy = [[rng.choice([rng.randint(-3, 3), rng.randint(0, 10**15)]) for _ in range(steps)] for _ in range(n)]
+        want = []
+        for r in range(n):
+            row = []
+            for k in range(steps):
+                v = sorted(busy[q][k] for q in range(n) if q != r) or [busy[r][k]]
+                m = len(v)
+                row.append(v[m // 2] if m % 2 else (v[m // 2 - 1] + v[m // 2]) // 2)
+            want.append(row)
+        assert findings.others_median(busy) == want, busy
+
+
 def test_a_two_rank_document_compares_with_the_other_rank() -> None:
     doc = data.document(make_trace(2, 4, {1: {0, 1, 2, 3}}))
     st = doc["steps"]

@@ -25,7 +25,7 @@ import math
 import os
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
 from operator import add, and_, ge, gt, lt, or_, sub
 from typing import Any
@@ -230,10 +230,20 @@ def digest_view(
     """`from_digests`'s document as `split` gives it (its small keys, the rest encoded), ready to
     serve. It is kept beside the digests (`cache`): the next view of the same files reads it
     back, neither digests nor traces."""
-    from gputrace.errors import GputraceError
-    from gputrace.summary import DIGEST_MIN_RANKS, collect, find, make_digests
+    found = digest_inputs(paths, step)
+    if found is None:
+        return None
+    job = DigestJob(found, step, skip_steps, require_step, [str(p) for p in inputs])
+    return job.kept() or job.compute()
 
-    from . import cache
+
+def digest_inputs(paths: Sequence[str], step: str = "step") -> Any:
+    """The ranks' traces and digests (`summary.Inputs`) when the page is to be drawn from the
+    digests (as many ranks as `gputrace summary` reads digests for, or every trace with its
+    digest and the traces large), else None: read the traces. Large traces of many ranks without
+    digests get theirs first (`summary.make_digests`)."""
+    from gputrace.errors import GputraceError
+    from gputrace.summary import DIGEST_MIN_RANKS, find, make_digests
 
     found = find(paths)
     if not found.traces:
@@ -249,16 +259,53 @@ def digest_view(
             return None  # not per-rank gputrace traces: read them whole (which says what is wrong)
     if not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
         return None
-    inputs = list(inputs)
-    options = {"step": step, "skip_steps": skip_steps, "require_step": require_step, "format": FORMAT}
-    k = cache.key(found, options, [str(p) for p in inputs])
-    kept = cache.load(found, k) if k is not None else None
-    if kept is not None:
-        return kept
-    head, body = split(_from_digests(collect(found, step), step, skip_steps, require_step, inputs))
-    if k is not None:
-        cache.store(found, k, head, body)
-    return head, body
+    return found
+
+
+@dataclasses.dataclass
+class DigestJob:
+    """The document of a view drawn from digests: the files (`summary.Inputs`) and the options
+    that shape it. Picklable: a worker process computes it (`viewer.background`)."""
+
+    found: Any  # summary.Inputs
+    step: str
+    skip_steps: int | None
+    require_step: bool
+    inputs: list[str]
+
+    def key(self) -> str | None:
+        from . import cache
+
+        options = {
+            "step": self.step,
+            "skip_steps": self.skip_steps,
+            "require_step": self.require_step,
+            "format": FORMAT,
+        }
+        return cache.key(self.found, options, self.inputs)
+
+    def kept(self) -> tuple[dict[str, Any], bytes] | None:
+        """The document kept beside the digests for these files and options, or None."""
+        from . import cache
+
+        k = self.key()
+        return cache.load(self.found, k) if k is not None else None
+
+    def compute(self) -> tuple[dict[str, Any], bytes]:
+        """The document computed from the digests (`split`'s two parts), and kept beside them."""
+        from gputrace.summary import collect
+
+        from . import cache
+
+        k = self.key()  # before the digests are read: a file that changes meanwhile gives another key
+
+        def read() -> list[Any]:
+            return collect(self.found, self.step)
+
+        head, body = split(_from_digests(read(), self.step, self.skip_steps, self.require_step, self.inputs, read))
+        if k is not None:
+            cache.store(self.found, k, head, body)
+        return head, body
 
 
 #: The document's keys that `split` keeps as data: what the server and the CLI read of it.
@@ -298,16 +345,27 @@ def _large(traces: Sequence[str]) -> bool:
 
 
 def _from_digests(
-    digests: list[Any], step: str, skip_steps: int | None, require_step: bool, inputs: Iterable[str]
+    digests: list[Any],
+    step: str,
+    skip_steps: int | None,
+    require_step: bool,
+    inputs: Iterable[str],
+    again: Callable[[], list[Any]] | None = None,
 ) -> dict[str, Any]:
+    """`again`: the digests read anew, for a second summary once warm-up steps are found (a
+    summary takes the digests' spans); None: a copy of each is kept aside for it."""
     from gputrace.summary import summarize
 
+    spare = [dataclasses.replace(d) for d in digests] if skip_steps is None and again is None else None
     trace, summary = summarize(digests, step, skip_steps or 0, require_step=require_step)
     warmup = 0
     if skip_steps is None and summary.steps is not None:
         warmup, factor = findings.warmup_steps(summary.steps)
         if warmup:
-            trace, summary = summarize(digests, step, warmup, require_step=require_step)
+            fresh = again() if again is not None else spare
+            assert fresh is not None
+            trace, summary = summarize(fresh, step, warmup, require_step=require_step)
+    del spare
     doc = document(trace, summary, step=step, skip_steps=skip_steps, require_step=require_step, inputs=inputs)
     if warmup:
         doc["notes"] = [_warmup_note(warmup, factor), *doc["notes"]]
@@ -404,7 +462,7 @@ def _num(x: float) -> float | None:
 
 
 def _rel(values: Sequence[int], base: int) -> list[int]:
-    return [v - base for v in values]
+    return list(map(sub, values, repeat(base)))  # C-level: 64 ranks x 10k steps stay cheap
 
 
 def _steps(
@@ -412,6 +470,39 @@ def _steps(
 ) -> dict[str, Any] | None:
     if st is None:
         return None
+    out = step_times(st, slot, base, refs)
+
+    def per_slot(d: Mapping[int, Sequence[Any]]) -> list[Any]:
+        got: list[list[Any] | None] = [None] * len(slot)
+        for r, v in d.items():
+            if r in slot:
+                got[slot[r]] = list(v[: st.count])
+        return got
+
+    out.update(
+        {
+            # The breakdown (gputrace.breakdown), per rank and step, None where not known.
+            "idle": per_slot(st.idle_ns),
+            "coll_wait": per_slot(st.collective_wait_ns),
+            "coll_transfer": per_slot(st.collective_transfer_ns),
+            "trend": _trend(st),
+            "totals": {
+                "idle_ns": [_total(st.idle_ns.get(r), st.count) for r in slot],
+                "exposed_collective_ns": [_total(st.exposed_collective_ns.get(r), st.count) for r in slot],
+                "collective_wait_ns": [_total(st.collective_wait_ns.get(r), st.count) for r in slot],
+                "collective_transfer_ns": [_total(st.collective_transfer_ns.get(r), st.count) for r in slot],
+                "launch_lag_ns": [_mean(st.launch_lag_ns.get(r), st.count) for r in slot],
+            },
+        }
+    )
+    return out
+
+
+def step_times(st: stats.Steps, slot: dict[int, int], base: int, refs: dict[int, list[int]]) -> dict[str, Any]:
+    """The document's steps without the breakdown: per rank slot and step, start and end (ns from
+    `base`), busy and wait; per step the median busy time and the verdict; each cell's reference
+    (`refs`, the other ranks' median). What the heatmap draws, and all that the page's first
+    document (`viewer.first`) holds of the steps."""
     n = len(slot)
 
     def per_slot(d: Mapping[int, Sequence[Any]], rel: bool) -> list[Any]:
@@ -444,18 +535,6 @@ def _steps(
             "called": [1 if v.called else 0 for v in verdicts],
         },
         "times_slowest": [st.times_slowest.get(r, 0) for r in slot],
-        # The breakdown (gputrace.breakdown), per rank and step, None where not known.
-        "idle": per_slot(st.idle_ns, False),
-        "coll_wait": per_slot(st.collective_wait_ns, False),
-        "coll_transfer": per_slot(st.collective_transfer_ns, False),
-        "trend": _trend(st),
-        "totals": {
-            "idle_ns": [_total(st.idle_ns.get(r), st.count) for r in slot],
-            "exposed_collective_ns": [_total(st.exposed_collective_ns.get(r), st.count) for r in slot],
-            "collective_wait_ns": [_total(st.collective_wait_ns.get(r), st.count) for r in slot],
-            "collective_transfer_ns": [_total(st.collective_transfer_ns.get(r), st.count) for r in slot],
-            "launch_lag_ns": [_mean(st.launch_lag_ns.get(r), st.count) for r in slot],
-        },
     }
 
 

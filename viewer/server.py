@@ -4,7 +4,10 @@ Takes: a `Trace`, its viewer document (`data.document`) and where the Perfetto U
 Gives: a server bound to 127.0.0.1 that answers
 - `/` and `/static/<name>`: the page and its own files (looked up by exact name in a table made
   at start-up, so no request names a path on disk);
-- `/data.json`: the document;
+- `/data.json`: the document (while the full document of a view from digests is computed
+  behind it, `viewer.background`, the first one, `viewer.first`);
+- `/full.json`: the full document, waited for (`?wait=` seconds at most; 202 while it is being
+  computed, 500 with its reason in one line when it could not be);
 - `/trace.json`: the timeline's trace (`?start=&end=`, ns from the document's base: a window;
   `?download=1`: the whole trace as an attachment);
 - `/ui/<path>`: a Perfetto UI build, when the timeline comes from a local directory (paths are
@@ -29,8 +32,9 @@ import os
 import re
 import sys
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -58,6 +62,9 @@ BACKLOG = 1024
 #: to IDLE_TIMEOUT_S: the cap bounds memory (a waiting thread holds ~25 KB), the timeout
 #: bounds how long.
 MAX_THREADS = 1024
+#: The longest a request for the full document waits for it before the server says it is still
+#: being computed (the page asks again): under IDLE_TIMEOUT_S, and short enough for any proxy.
+FULL_WAIT_S = 15.0
 TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -162,31 +169,70 @@ class Viewer:
     """The state one `gputrace view` serves."""
 
     def __init__(
-        self, trace: Trace, doc: dict[str, Any], ui: UISource, name: str = "trace", body: bytes | None = None
+        self,
+        trace: Trace | Callable[[], Trace],
+        doc: dict[str, Any],
+        ui: UISource,
+        name: str = "trace",
+        body: bytes | None = None,
     ) -> None:
         """`body`: the rest of the document, encoded, when `doc` holds only its small keys
-        (`data.split`)."""
-        self.trace = trace
+        (`data.split`). `trace`: the timeline's trace, or what reads it when the timeline first
+        asks (so a page whose document came from a trace read for its statistics alone holds
+        that one and this one never at once)."""
+        self._trace = trace if isinstance(trace, Trace) else None
+        self._read_trace = None if isinstance(trace, Trace) else trace
         self.ui = ui
         self.base_ns: int = doc["base_ns"]
         self.end_ns: int = doc["duration_ns"] + 1  # the window the whole trace covers: [0, end_ns)
         self.filename = (re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "trace")[:80] + ".json"
+        self.document = self._encoded(doc, body)
+        self.assets = static_assets()
+        self.csp = page_csp(ui)
+        self._whole: bytes | None = None
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self.full: Any = None  # a `background.FullBuild` while the document served is the first one
+
+    def _encoded(self, doc: dict[str, Any], body: bytes | None) -> bytes:
         doc = dict(doc)
         doc["timeline"] = {
             **doc["timeline"],
             "ui": {
-                "src": ui.src,
-                "label": ui.label,
+                "src": self.ui.src,
+                "label": self.ui.label,
                 "trace": "trace.json",
                 "download": "trace.json?download=1",
                 "filename": self.filename,
             },
         }
-        self.document = orjson.dumps(doc) if body is None else data.encode_joined(doc, body)
-        self.assets = static_assets()
-        self.csp = page_csp(ui)
-        self._whole: bytes | None = None
-        self._lock = threading.Lock()
+        return orjson.dumps(doc) if body is None else data.encode_joined(doc, body)
+
+    def follow(self, build: Any, extra: dict[str, Any] | None = None) -> None:
+        """Serve the full document of `build` (a `background.FullBuild`, its keys plus `extra`)
+        once it is done; until then `/data.json` is the first document and `/full.json` says it is
+        being computed (or, if it fails, the reason in one line)."""
+        self.full = build
+
+        def done(b: Any) -> None:
+            if b.head is None:
+                return  # the page asks /full.json and shows the error; the first document stays
+            head = {**b.head, **(extra or {})}
+            self.base_ns = head["base_ns"]
+            self.end_ns = head["duration_ns"] + 1
+            self.document = self._encoded(head, b.body)
+
+        build.on_done(done)
+
+    @property
+    def trace(self) -> Trace:
+        """The timeline's trace (read on first use, once)."""
+        with self._read_lock:
+            if self._trace is None:
+                assert self._read_trace is not None
+                self._trace = self._read_trace()
+                self._read_trace = None
+            return self._trace
 
     def whole_trace(self) -> bytes:
         with self._lock:
@@ -339,6 +385,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(200, asset[0], asset[1], head, page=True)
         if path == "/data.json":
             return self._send(200, v.document, "application/json", head, page=True)
+        if path == "/full.json":
+            return self._full(urllib.parse.parse_qs(url.query), head)
         if path == "/trace.json":
             return self._trace(urllib.parse.parse_qs(url.query), head)
         if path.startswith("/ui/") and v.ui.kind == "dir":
@@ -346,6 +394,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self._not_found(head)
 
     def _trace(self, query: dict[str, list[str]], head: bool) -> None:
+        try:
+            self._trace_of(query, head)
+        except GputraceError as e:  # the timeline's trace could not be read (changed or gone since)
+            self._send(500, f"{e}\n".encode(), "text/plain; charset=utf-8", head)
+
+    def _trace_of(self, query: dict[str, list[str]], head: bool) -> None:
         v = self.viewer
         if "download" in query:
             return self._stream(v.download(), v.filename, head)
@@ -360,6 +414,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body, lo, hi = v.window(start, end)
             return self._send(200, body, "application/json", head, extra={"X-Gputrace-Window": f"{lo},{hi}"})
         return self._send(200, v.whole_trace(), "application/json", head, extra={"X-Gputrace-Window": f"0,{v.end_ns}"})
+
+    def _full(self, query: dict[str, list[str]], head: bool) -> None:
+        """The full document once it is ready, waiting for it up to `?wait=` seconds (a long poll;
+        at most FULL_WAIT_S): 200 and the document, 202 and {"state": "computing"} while it is not,
+        500 and {"state": "error", "error": ONE LINE} when it could not be computed."""
+        v = self.viewer
+        build = v.full
+        if build is not None:
+            try:
+                wait = min(max(float(query.get("wait", ["10"])[0]), 0.0), FULL_WAIT_S)
+            except ValueError:
+                return self._send(400, b"wait is a number of seconds\n", "text/plain; charset=utf-8", head)
+            if not build.wait(wait):
+                state = {"state": "computing", "seconds": round(time.monotonic() - build.started, 1)}
+                return self._send(202, orjson.dumps(state), "application/json", head)
+            if build.error is not None:
+                return self._send(500, orjson.dumps({"state": "error", "error": build.error}), "application/json", head)
+        return self._send(200, v.document, "application/json", head, page=True)
 
     def _ui(self, rel: str, head: bool) -> None:
         root = os.path.realpath(self.viewer.ui.location)

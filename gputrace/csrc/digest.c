@@ -314,6 +314,11 @@ static int vec_push(Vec *x, long long a) {
     return 0;
 }
 
+/* Bytes of n int64 from v (an empty column when n is 0). */
+static PyObject *bytes_ll(const long long *v, Py_ssize_t n) {
+    return PyBytes_FromStringAndSize(n ? (const char *)v : NULL, n * 8);
+}
+
 static void vec_free(Vec *x) {
     PyMem_Free(x->v);
     x->v = NULL;
@@ -531,7 +536,7 @@ out:
 
 PyDoc_STRVAR(digest_nest_doc,
              "digest_nest(names, tracks, starts, ends, skip, step_starts, bucket, nb, carry_tracks, carry_starts,\n"
-             "            carry_ends, floor, lean=False, /)\n--\n\n"
+             "            carry_ends, floor, lean=False, carry_bytes=False, /)\n--\n\n"
              "digest_breakdown._nest_py: per key, the time its spans' children took; the spans not yet taken\n"
              "after the batch; the spans that took every carried span of their track and start at or before\n"
              "floor[track]. NotImplemented where a sum would pass 2^63.");
@@ -539,8 +544,9 @@ static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
     PyObject *names, *tracks, *starts, *ends, *skipo, *steps, *cto, *cso, *ceo, *flo;
     long bucket, nb;
     int lean = 0; /* the keys' children's time only: no spans left untaken (stats reads a whole rank at once) */
-    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO|p", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
-                          &cso, &ceo, &flo, &lean))
+    int carry_bytes = 0; /* the spans left untaken as int64 bytes, not lists (they pass every batch) */
+    if (!PyArg_ParseTuple(args, "OOOOOOllOOOO|pp", &names, &tracks, &starts, &ends, &skipo, &steps, &bucket, &nb, &cto,
+                          &cso, &ceo, &flo, &lean, &carry_bytes))
         return NULL;
     Cols c;
     Col sb = {0}, ct = {0}, cs = {0}, ce = {0}, fl = {0};
@@ -621,7 +627,16 @@ static PyObject *hot_digest_nest(PyObject *self, PyObject *args) {
         for (Py_ssize_t j = 0; j < ss.n && !lean; j++)
             if (vec_push(&out[2], t) < 0 || vec_push(&out[3], ss.v[j]) < 0 || vec_push(&out[4], se.v[j]) < 0) goto out;
     }
-    result = tuple_of_vecs(out, 8);
+    if (!carry_bytes) {
+        result = tuple_of_vecs(out, 8);
+        goto out;
+    }
+    if (!(result = PyTuple_New(8))) goto out;
+    for (int j = 0; j < 8; j++) {
+        PyObject *col = j >= 2 && j < 5 ? bytes_ll(out[j].v, out[j].n) : list_ll(out[j].v, out[j].n);
+        if (!col) { Py_CLEAR(result); break; }
+        PyTuple_SetItem(result, j, col);
+    }
 out:
     cols_free(&c);
     Py_XDECREF(sb.keep);
@@ -634,6 +649,110 @@ out:
     vec_free(&ss);
     vec_free(&se);
     map_free(&keys);
+    return result;
+}
+
+/* ---- the launch lags' host entries (digest_breakdown.Local) ------------------------------------- */
+
+PyDoc_STRVAR(digest_entries_doc,
+             "digest_entries(entry, tracks, starts, ends, skip, cuda_mask, /)\n--\n\n"
+             "digest_breakdown._entries_py: (host entry, device start) of the spans with a host entry (> 0)\n"
+             "on a CUDA track (cuda_mask, a byte a track), not inverted, not set in skip; two int64 columns\n"
+             "as bytes, in span order.");
+static PyObject *hot_digest_entries(PyObject *self, PyObject *args) {
+    PyObject *eo, *to, *so, *no, *skipo;
+    const char *mask;
+    Py_ssize_t nmask;
+    if (!PyArg_ParseTuple(args, "OOOOOy#", &eo, &to, &so, &no, &skipo, &mask, &nmask)) return NULL;
+    Col e = {0}, t = {0}, s = {0}, n = {0};
+    Vec ox = {0}, os = {0};
+    PyObject *result = NULL, *bx = NULL, *bs = NULL;
+    const char *skip = NULL;
+    if (col_read(&e, eo) < 0 || col_read(&t, to) < 0 || col_read(&s, so) < 0 || col_read(&n, no) < 0) goto out;
+    if (t.n != e.n || s.n != e.n || n.n != e.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_entries: columns of different lengths");
+        goto out;
+    }
+    if (skipo != Py_None) {
+        if (!PyBytes_Check(skipo) || PyBytes_Size(skipo) != e.n) {
+            PyErr_SetString(PyExc_TypeError, "digest_entries: skip is not bytes of the columns' length");
+            goto out;
+        }
+        skip = PyBytes_AsString(skipo);
+    }
+    for (Py_ssize_t i = 0; i < e.n; i++) {
+        long long tr = t.v[i];
+        if (e.v[i] > 0 && tr >= 0 && tr < nmask && mask[tr] && n.v[i] >= s.v[i] && !(skip && skip[i]))
+            if (vec_push(&ox, e.v[i]) < 0 || vec_push(&os, s.v[i]) < 0) goto out;
+    }
+    if ((bx = bytes_ll(ox.v, ox.n)) && (bs = bytes_ll(os.v, os.n))) result = PyTuple_Pack(2, bx, bs);
+out:
+    Py_XDECREF(bx);
+    Py_XDECREF(bs);
+    Py_XDECREF(e.keep);
+    Py_XDECREF(t.keep);
+    Py_XDECREF(s.keep);
+    Py_XDECREF(n.keep);
+    vec_free(&ox);
+    vec_free(&os);
+    return result;
+}
+
+PyDoc_STRVAR(digest_lags_doc,
+             "digest_lags(xs, ss, step_starts, step_ends, final, /)\n--\n\n"
+             "digest_breakdown._lags_py: host entries xs at device starts ss placed in the steps (ascending\n"
+             "starts) by device start: per step that got one, (step index, entry, start) of its least\n"
+             "(start, entry), steps ascending, as lists; then the entries that wait (unless final: none\n"
+             "steps, or starting at or past the last step's end) as two int64 columns of bytes, in order.");
+static PyObject *hot_digest_lags(PyObject *self, PyObject *args) {
+    PyObject *xo, *so, *sso, *seo;
+    int final;
+    if (!PyArg_ParseTuple(args, "OOOOp", &xo, &so, &sso, &seo, &final)) return NULL;
+    Col x = {0}, s = {0}, ss = {0}, se = {0};
+    Vec wx = {0}, ws = {0}, out[3] = {{0}};
+    Py_ssize_t *best = NULL;
+    PyObject *result = NULL, *placed = NULL, *bx = NULL, *bs = NULL;
+    if (col_read(&x, xo) < 0 || col_read(&s, so) < 0 || col_read(&ss, sso) < 0 || col_read(&se, seo) < 0) goto out;
+    if (s.n != x.n || se.n != ss.n) {
+        PyErr_SetString(PyExc_ValueError, "digest_lags: columns of different lengths");
+        goto out;
+    }
+    best = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(ss.n ? ss.n : 1));
+    if (!best) { PyErr_NoMemory(); goto out; }
+    for (Py_ssize_t j = 0; j < ss.n; j++) best[j] = -1;
+    long long last_end = LLONG_MIN;
+    for (Py_ssize_t j = 0; j < se.n; j++)
+        if (se.v[j] > last_end) last_end = se.v[j];
+    for (Py_ssize_t i = 0; i < x.n; i++) {
+        long long v = s.v[i];
+        Py_ssize_t j = bisect_right_ll(ss.v, ss.n, v) - 1;
+        if (j >= 0 && v < se.v[j]) {
+            Py_ssize_t b = best[j];
+            if (b < 0 || v < s.v[b] || (v == s.v[b] && x.v[i] < x.v[b])) best[j] = i;
+        } else if (!final && (!ss.n || v >= last_end)) {
+            if (vec_push(&wx, x.v[i]) < 0 || vec_push(&ws, v) < 0) goto out;
+        }
+    }
+    for (Py_ssize_t j = 0; j < ss.n; j++) {
+        Py_ssize_t b = best[j];
+        if (b >= 0 && (vec_push(&out[0], j) < 0 || vec_push(&out[1], x.v[b]) < 0 || vec_push(&out[2], s.v[b]) < 0))
+            goto out;
+    }
+    if ((placed = tuple_of_vecs(out, 3)) && (bx = bytes_ll(wx.v, wx.n)) && (bs = bytes_ll(ws.v, ws.n)))
+        result = Py_BuildValue("(OOOOO)", PyTuple_GetItem(placed, 0), PyTuple_GetItem(placed, 1),
+                               PyTuple_GetItem(placed, 2), bx, bs);
+out:
+    Py_XDECREF(placed);
+    Py_XDECREF(bx);
+    Py_XDECREF(bs);
+    Py_XDECREF(x.keep);
+    Py_XDECREF(s.keep);
+    Py_XDECREF(ss.keep);
+    Py_XDECREF(se.keep);
+    PyMem_Free(best);
+    vec_free(&wx);
+    vec_free(&ws);
+    for (int i = 0; i < 3; i++) vec_free(&out[i]);
     return result;
 }
 
@@ -797,14 +916,139 @@ out:
     return result;
 }
 
+/* Sort intervals by iv_cmp in place: an introsort (quicksort, heapsort past a depth, insertion
+ * sort of short runs), where glibc's qsort takes a second buffer as large as the array. */
+static void iv_swap(Iv *a, Iv *b) {
+    Iv t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static void iv_sift(Iv *v, Py_ssize_t root, Py_ssize_t n) {
+    for (;;) {
+        Py_ssize_t child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && iv_cmp(&v[child], &v[child + 1]) < 0) child++;
+        if (iv_cmp(&v[root], &v[child]) >= 0) return;
+        iv_swap(&v[root], &v[child]);
+        root = child;
+    }
+}
+
+static void iv_sort(Iv *v, Py_ssize_t n, int depth) {
+    while (n > 16) {
+        if (depth-- == 0) { /* heapsort: no worse than n log n whatever the order */
+            for (Py_ssize_t i = n / 2; i-- > 0;) iv_sift(v, i, n);
+            for (Py_ssize_t i = n - 1; i > 0; i--) {
+                iv_swap(&v[0], &v[i]);
+                iv_sift(v, 0, i);
+            }
+            return;
+        }
+        Py_ssize_t mid = n / 2; /* the median of three to v[0], then Hoare's partition around it */
+        if (iv_cmp(&v[mid], &v[0]) < 0) iv_swap(&v[mid], &v[0]);
+        if (iv_cmp(&v[n - 1], &v[0]) < 0) iv_swap(&v[n - 1], &v[0]);
+        if (iv_cmp(&v[n - 1], &v[mid]) < 0) iv_swap(&v[n - 1], &v[mid]);
+        iv_swap(&v[0], &v[mid]);
+        Iv pivot = v[0];
+        Py_ssize_t i = 0, j = n;
+        for (;;) {
+            do i++; while (i < n && iv_cmp(&v[i], &pivot) < 0);
+            do j--; while (iv_cmp(&v[j], &pivot) > 0);
+            if (i >= j) break;
+            iv_swap(&v[i], &v[j]);
+        }
+        iv_swap(&v[0], &v[j]);
+        /* The smaller side by recursion, the larger by the loop: a stack of log n at most. */
+        if (j < n - j - 1) {
+            iv_sort(v, j, depth);
+            v += j + 1;
+            n -= j + 1;
+        } else {
+            iv_sort(v + j + 1, n - j - 1, depth);
+            n = j;
+        }
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        Iv x = v[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && iv_cmp(&v[j - 1], &x) > 0; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
+PyDoc_STRVAR(interval_covered_doc,
+             "interval_covered(starts, ends, ws, we, /)\n--\n\n"
+             "breakdown.covered: for each window [ws[k], we[k]), the length of the union of the [start, end)\n"
+             "intervals inside it (interval_within of interval_union, without the union's columns).");
+static PyObject *hot_interval_covered(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Col c[4] = {{0}};
+    Iv *v = NULL;
+    long long *got = NULL;
+    PyObject *result = NULL;
+    for (int i = 0; i < 4; i++)
+        if (col_read(&c[i], o[i]) < 0) goto out;
+    if (c[0].n != c[1].n || c[2].n != c[3].n) {
+        PyErr_SetString(PyExc_ValueError, "interval_covered: columns of different lengths");
+        goto out;
+    }
+    const long long *a = c[0].v, *b = c[1].v, *ws = c[2].v, *we = c[3].v;
+    Py_ssize_t n = c[0].n, nw = c[2].n, m = 0, k = 0;
+    v = PyMem_Malloc(sizeof(Iv) * (size_t)(n ? n : 1));
+    got = PyMem_Malloc(sizeof(long long) * (size_t)(nw ? nw : 1));
+    if (!v || !got) { PyErr_NoMemory(); goto out; }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b[i] <= a[i]) continue;
+        v[m].s = a[i];
+        v[m].e = b[i];
+        if (m && iv_cmp(&v[m - 1], &v[m]) > 0) sorted = 0;
+        m++;
+    }
+    if (!sorted) {
+        int depth = 0;
+        for (Py_ssize_t x = m; x > 1; x >>= 1) depth += 2;
+        iv_sort(v, m, depth);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) { /* the union, in place: sorted, disjoint, touching ones joined */
+        if (k && v[i].s <= v[k - 1].e) {
+            if (v[i].e > v[k - 1].e) v[k - 1].e = v[i].e;
+        } else {
+            v[k++] = v[i];
+        }
+    }
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        long long lo = ws[w], hi = we[w], sum = 0;
+        Py_ssize_t i = 0, j = k;
+        while (i < j) { /* the first interval that ends after lo (the ends ascend too) */
+            Py_ssize_t mid = i + (j - i) / 2;
+            if (v[mid].e <= lo) i = mid + 1;
+            else j = mid;
+        }
+        for (; i < k && v[i].s < hi; i++) sum += (v[i].e < hi ? v[i].e : hi) - (v[i].s > lo ? v[i].s : lo);
+        got[w] = sum;
+    }
+    result = list_ll(got, nw);
+out:
+    for (int i = 0; i < 4; i++) Py_XDECREF(c[i].keep);
+    PyMem_Free(v);
+    PyMem_Free(got);
+    return result;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
     {"digest_cover", hot_digest_cover, METH_VARARGS, digest_cover_doc},
     {"digest_nest", hot_digest_nest, METH_VARARGS, digest_nest_doc},
+    {"digest_entries", hot_digest_entries, METH_VARARGS, digest_entries_doc},
+    {"digest_lags", hot_digest_lags, METH_VARARGS, digest_lags_doc},
     {"interval_union", hot_interval_union, METH_VARARGS, interval_union_doc},
     {"interval_minus", hot_interval_minus, METH_VARARGS, interval_minus_doc},
     {"interval_within", hot_interval_within, METH_VARARGS, interval_within_doc},
+    {"interval_covered", hot_interval_covered, METH_VARARGS, interval_covered_doc},
     {NULL},
 };
 

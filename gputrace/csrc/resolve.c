@@ -117,8 +117,10 @@ static raw_clear_fn g_raw_clear;
 static raw_device_fn g_raw_device; /* cudaGetDevice: the raw call only where the thread's device is the events' */
 static PyObject *g_raw_for; /* the Python elapsed callable the raw call stands in for */
 
-/* An event's raw handle, or NULL (no handle: ask Python). Never leaves an exception set. */
+/* An event's raw handle, or NULL (no handle: ask Python). Never leaves an exception set. A
+ * RawEvent's is read where it lies (what its cuda_event gives, without an int made a call). */
 static void *raw_handle(PyObject *ev) {
+    if (gt_RawEventType && Py_TYPE(ev) == gt_RawEventType) return ((RawEvent *)ev)->handle;
     PyObject *h = PyObject_GetAttr(ev, a_event_cuda_event);
     if (!h) { PyErr_Clear(); return NULL; }
     void *p = PyLong_Check(h) ? PyLong_AsVoidPtr(h) : NULL;
@@ -181,12 +183,28 @@ static PyObject *hot_raw_elapsed_ms(PyObject *self, PyObject *args) {
 typedef struct {
     PyObject *elapsed, *anchors, *segs; /* owned */
     int raw;                            /* measure through g_raw_elapsed first */
+    /* The newest anchors' event and host time, read once per resolve (spans are placed between
+     * the last few anchors): anchors lo.. of the list, `got` saying which are read. */
+    Py_ssize_t lo, n;
+    PyObject **event; /* owned where read */
+    long long *host;
+    char *got; /* bit 1: event read; bit 2: host read */
 } Timeline;
+
+#define TIMELINE_CACHED 256
 
 static void timeline_clear(Timeline *t) {
     Py_CLEAR(t->elapsed);
     Py_CLEAR(t->anchors);
     Py_CLEAR(t->segs);
+    for (Py_ssize_t c = 0; t->event && c < t->n - t->lo; c++) Py_XDECREF(t->event[c]);
+    PyMem_Free(t->event);
+    PyMem_Free(t->host);
+    PyMem_Free(t->got);
+    t->event = NULL;
+    t->host = NULL;
+    t->got = NULL;
+    t->lo = t->n = 0;
 }
 
 static int timeline_read(Timeline *t, PyObject *tl) {
@@ -199,15 +217,48 @@ static int timeline_read(Timeline *t, PyObject *tl) {
         PyErr_SetString(PyExc_TypeError, "resolve: a timeline's anchors and segments are not lists of one length");
         return -1;
     }
+    Py_ssize_t n = PyList_Size(t->anchors), m = n < TIMELINE_CACHED ? n : TIMELINE_CACHED;
+    t->n = n;
+    t->lo = n - m;
+    t->event = PyMem_Calloc((size_t)(m ? m : 1), sizeof(PyObject *));
+    t->host = PyMem_Calloc((size_t)(m ? m : 1), sizeof(long long));
+    t->got = PyMem_Calloc((size_t)(m ? m : 1), 1);
+    if (!t->event || !t->host || !t->got) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
 static int anchor_host_ns(Timeline *t, Py_ssize_t k, long long *out) {
+    Py_ssize_t c = k - t->lo;
+    int cached = c >= 0 && k < t->n;
+    if (cached && (t->got[c] & 2)) {
+        *out = t->host[c];
+        return 0;
+    }
     PyObject *v = PyObject_GetAttr(PyList_GetItem(t->anchors, k), a_anchor_host_ns);
     if (!v) return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    if (cached) {
+        t->host[c] = *out;
+        t->got[c] |= 2;
+    }
+    return 0;
+}
+
+/* Anchor k's event, a new reference (NULL on error). */
+static PyObject *anchor_event(Timeline *t, Py_ssize_t k) {
+    Py_ssize_t c = k - t->lo;
+    if (c >= 0 && k < t->n && (t->got[c] & 1)) return Py_NewRef(t->event[c]);
+    PyObject *ev = PyObject_GetAttr(PyList_GetItem(t->anchors, k), a_anchor_event);
+    if (ev && c >= 0 && k < t->n) {
+        t->event[c] = Py_NewRef(ev); /* the cache's own reference */
+        t->got[c] |= 1;
+    }
+    return ev;
 }
 
 /* DeviceTimeline.locate: 0 with *k (-1: after the newest anchor) and *d; 1: an answer that is not a
@@ -215,7 +266,7 @@ static int anchor_host_ns(Timeline *t, Py_ssize_t k, long long *out) {
 static int timeline_locate(Timeline *t, PyObject *event, Py_ssize_t first, Py_ssize_t *k, double *d) {
     Py_ssize_t n = PyList_Size(t->anchors);
     for (Py_ssize_t i = first > 0 ? first : 0; i < n; i++) {
-        PyObject *ref = PyObject_GetAttr(PyList_GetItem(t->anchors, i), a_anchor_event);
+        PyObject *ref = anchor_event(t, i);
         if (!ref) return -1;
         double v;
         if (!t->raw || !raw_elapsed(ref, event, &v)) {
@@ -426,7 +477,7 @@ static PyObject *hot_resolve(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!LOOOLO", &PyList_Type, &done, &offset, &store, &timelines, &freed, &rounding,
                           &timeline_type))
         return NULL;
-    Timeline tlc = {NULL, NULL, NULL};
+    Timeline tlc = {0};
     int tl_native = 0;
     Py_ssize_t n = PyList_Size(done);
     /* Per span: its track index and device (-1: a host track), read once per stack. The check

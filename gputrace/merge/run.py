@@ -290,25 +290,6 @@ def release_memory() -> None:
         pass
 
 
-#: glibc's mallopt parameter, and the threshold it is held at: its own default.
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 128 << 10
-
-
-def map_large_blocks() -> None:
-    """Keep glibc's malloc mapping every block of 128 KiB or more (its default) for the rest of
-    the process, so freeing one hands it back to the OS. Left to itself glibc raises that
-    threshold to the largest block freed so far: after a rank's columns are freed, the next
-    rank's grow in the heap, which they fragment and which cannot shrink, and a protobuf rank
-    read a second time held 150 MB (60%) more than the first read (measured, 3M events)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
-
-
 # ---- load and merge -----------------------------------------------------------------------------
 
 
@@ -451,7 +432,6 @@ def _merge_by_spool(
     what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
     writer and spooled to disk (the last one kept in memory), then the file written from the
     spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
-    map_large_blocks()
     folder = os.path.dirname(os.path.abspath(out))
     # A file read whole to be described is read once: kept (one file) or put aside on disk
     # (`stash`, when the groups are taken here) until it is taken.

@@ -93,18 +93,35 @@ def read(path: str, data: bytes | None = None) -> Trace:
     so memory holds the columns and one batch, not the file and an object per event; a file
     whose shape that path does not take (bytes that are not UTF-8, numbers past a double, a
     header that changes after the events begin) is parsed whole, as before."""
+    return _read(path, data, None)
+
+
+def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None = None) -> Trace:
+    """`read`, keeping of the spans' arguments only those named in `keys`, and no categories: for
+    a stage that looks at nothing else (the statistics: `collective`, `unfinished`, `cover`).
+    Each span's args is a dict of the named ones it has, else None, and its category None, in
+    plain lists (which merge moves into its trace rather than copying); `keys` None: neither
+    column takes memory (columns of None). Memory: the columns, not an args dict a span."""
+    return _read(path, data, frozenset(keys or ()), lists=keys is not None)
+
+
+def _read(path: str, data: bytes | None, keys: frozenset[str] | None, lists: bool = True) -> Trace:
+    """`read` (`keys` None), or `read_spans` (the arguments named in `keys` only)."""
     if data is None:
         with open_regular(path) as f:
-            trace = _read_batches(path, f)
-        if trace is not None:
-            return trace
-        data = read_bytes(path)
+            trace = _read_batches(path, f, keys)
+        if trace is None:
+            data = read_bytes(path)
     else:
-        trace = _read_batches(path, io.BytesIO(data))
-        if trace is not None:
-            return trace
-    header, events = parse(path, data)
-    return _build(path, header, events)
+        trace = _read_batches(path, io.BytesIO(data), keys)
+    if trace is None:
+        assert data is not None
+        header, events = parse(path, data)
+        trace = _build(path, header, events, keys)
+        del events
+    if keys is not None and not lists:
+        trace.spans.args, trace.spans.cat = _NoCats(len(trace.spans)), _NoCats(len(trace.spans))
+    return trace
 
 
 #: Bytes read and parsed at a time by `Batches` (~11,000 of gputrace's events).
@@ -117,15 +134,15 @@ _WS = b" \t\n\r"
 _EVENT_END = re.compile(rb"\}[ \t\n\r]*,")
 
 
-def _read_batches(path: str, f: BinaryIO) -> Trace | None:
+def _read_batches(path: str, f: BinaryIO, keys: frozenset[str] | None = None) -> Trace | None:
     """The trace of `f`, built batch by batch (`Batches`); None when the file is not of a shape
-    that path takes (then it is parsed whole)."""
+    that path takes (then it is parsed whole). `keys`: as `read_spans`."""
     src = Batches(path, f)
     builder: _Builder | None = None
     for events in src:
         if builder is None:
             try:
-                builder = _Builder(path, src.header)
+                builder = _Builder(path, src.header, keys)
             except TraceFormatError:
                 return None  # `parse` reads the whole header, and says what is wrong with it
         builder.add(events)
@@ -475,8 +492,8 @@ def _complete_array(path: str, body: bytes, _depth: int, opener: bytes) -> list[
     raise TraceFormatError(path, "cut off before its first complete event")
 
 
-def _build(path: str, header: dict[str, Any], events: list[Any]) -> Trace:
-    b = _Builder(path, header)
+def _build(path: str, header: dict[str, Any], events: list[Any], keys: frozenset[str] | None = None) -> Trace:
+    b = _Builder(path, header, keys)
     b.add(events)
     return b.finish()
 
@@ -486,10 +503,11 @@ class _Builder:
     `Trace` made of them (`finish`). What the header says (time base, rank, merged or not) is
     taken when the builder is made; processes and tracks get their indices as they first appear
     and are made at the end, once every event has named them (`process_name`, `thread_name` may
-    come anywhere in a file)."""
+    come anywhere in a file). `keys`: keep only these arguments, and no categories (`read_spans`)."""
 
-    def __init__(self, path: str, header: dict[str, Any]) -> None:
+    def __init__(self, path: str, header: dict[str, Any], keys: frozenset[str] | None = None) -> None:
         self.path = path
+        self.keys = keys
         self.facts = _header_facts(path, header)
         base, meta, info, merged, own, file_rank = self.facts
         self.pid_rank: dict[Any, int] = {}
@@ -561,6 +579,7 @@ class _Builder:
         xn_append, xt_append = self.x_name.append, self.x_track.append
         xa_append, xc_append = self.x_args.append, self.x_cat.append
         plain_cats = ("cuda", "cpu", None)
+        keys = self.keys
         for e in events:
             if type(e) is not dict:
                 continue
@@ -605,8 +624,11 @@ class _Builder:
                 xa = e.get("args")
                 xn_append(ni)
                 xt_append(t)
-                xa_append(xa if xa and type(xa) is dict else None)
-                xc_append(None if cat in plain_cats or not isinstance(cat, str) else cat)
+                if keys is None:
+                    xa_append(xa if xa and type(xa) is dict else None)
+                    xc_append(None if cat in plain_cats or not isinstance(cat, str) else cat)
+                else:  # the named arguments alone, no category (a column of None made at the end)
+                    xa_append(_only(xa, keys) if xa and type(xa) is dict else None)
                 if flow:
                     self.flows_in.append((len(self.x_start) - 1, e["bind_id"]))
             elif ph == "M":
@@ -630,7 +652,8 @@ class _Builder:
                     open_b.setdefault(key, []).append((_text(e.get("name", "")), ts, ba if type(ba) is dict else None))
                 elif open_b.get(key):
                     name, t0, a = open_b[key].pop()
-                    spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, a or None, None)
+                    kept = _only(a, keys) if a and keys is not None else a
+                    spans.append(intern(name), track_of(key[0], key[1], e.get("cat")), t0, ts, kept or None, None)
             elif ph == "C":
                 ts = _ns(base, e.get("ts"))
                 if ts is None or not _ids(e):
@@ -692,6 +715,8 @@ class _Builder:
         spans = trace.spans
         before = len(spans)
         x_entry = _launch_entries(self.launch_at, self.flows_in, len(self.x_start)) if self.launch_seen else None
+        if self.keys is not None:
+            self.x_cat = [None] * len(self.x_start)
         if len(spans):  # B/E spans first, as they were taken
             spans.extend(self.x_name, self.x_track, self.x_start, self.x_end, self.x_args, self.x_cat)
         else:  # the columns themselves, not copies
@@ -734,6 +759,13 @@ class _Builder:
             kind, device = "other", None
         ordinal = tid if isinstance(tid, int) else seen
         return Track(p, tid, name, kind, device, ordinal)
+
+
+def _only(args: dict[str, Any], keys: frozenset[str]) -> dict[str, Any] | None:
+    """The arguments named in `keys` (None when there are none)."""
+    if keys.isdisjoint(args):
+        return None
+    return {k: v for k, v in args.items() if k in keys}
 
 
 def _header_facts(path: str, header: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any], bool, bool, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import compress, count
 from typing import Any
 
 from gputrace import native
@@ -140,6 +141,46 @@ class _NoCats(list):  # type: ignore[type-arg]
 
     def extend(self, values: Any) -> None:
         self._n += len(values)
+
+    def dense(self) -> list[Any]:
+        """The column as a plain list (a C loop's input)."""
+        return [None] * self._n
+
+
+class SparseArgs(_NoCats):
+    """An `args` column where few spans have arguments: memory for those alone ({row: args});
+    every other row reads None. What a trace read for the statistics keeps
+    (`summary.load_for_statistics`); for reading, not for appending to."""
+
+    def __init__(self, args: Sequence[dict[str, Any] | None]) -> None:
+        super().__init__(len(args))
+        # A dict of arguments is never empty in a column (readers keep None for none).
+        kept: Iterator[dict[str, Any]] = compress(args, args)  # type: ignore[arg-type]
+        self.rows: dict[int, dict[str, Any]] = dict(zip(compress(count(), args), kept))
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(map(self.rows.get, range(*i.indices(self._n))))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("args index out of range")
+        return self.rows.get(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.rows.get, range(self._n))
+
+    def append(self, value: Any) -> None:
+        raise TypeError("a sparse args column is read, not appended to")
+
+    def extend(self, values: Any) -> None:
+        raise TypeError("a sparse args column is read, not appended to")
+
+    def dense(self) -> list[Any]:
+        out: list[Any] = [None] * self._n
+        for i, a in self.rows.items():
+            out[i] = a
+        return out
 
 
 class CounterColumns:

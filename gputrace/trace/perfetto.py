@@ -1240,14 +1240,19 @@ def read(path: str, data: bytes | None = None) -> Trace:
     return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_packet_batches(path, data))
 
 
-def read_spans(path: str, data: bytes | None = None) -> Trace:
-    """`read`, without the spans' arguments and categories (each None, taking no memory): for a
-    check that looks only at names, tracks and times (validate), a third of the columns' bytes."""
+def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None = None) -> Trace:
+    """`read`, keeping of the spans' arguments only those named in `keys`, and no categories: for
+    a stage that looks at nothing else (the statistics: `collective`, `unfinished`, `cover`).
+    Each span's args is a dict of the named ones it has, else None, and its category None, in
+    plain lists (which merge moves into its trace rather than copying). `keys` None: neither
+    column takes memory (columns of None), for a check that looks only at names, tracks and
+    times (validate), a third of the columns' bytes."""
     if data is None:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN), args=False)
+    kept = frozenset(keys) if keys is not None else False
+    reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN), args=kept)
     return reader.build(_packet_batches(path, data))
 
 
@@ -1401,9 +1406,11 @@ class _Spans:
 
 
 class _Reader:
-    def __init__(self, path: str, inflate: int = INFLATE_MIN, args: bool = True) -> None:
+    def __init__(self, path: str, inflate: int = INFLATE_MIN, args: bool | frozenset[str] = True) -> None:
         self.path = path
-        self.args = args  # keep the spans' arguments and categories
+        # Keep the spans' arguments and categories (True), neither (False), or the arguments
+        # named in a set and no categories.
+        self.args = args
         self.inflate = inflate  # bytes that compressed packets may still inflate to
         self.header: dict[str, Any] = {}
         self.extra: list[dict[str, Any]] = []
@@ -1426,7 +1433,8 @@ class _Reader:
 
     def _packets(self, packets: Any, depth: int = 0) -> None:
         seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
-        keep = self.args
+        keep = self.args is not False
+        named = self.args if isinstance(self.args, frozenset) else None
         for p in packets:
             sid = p.trusted_packet_sequence_id
             st = seqs.get(sid)
@@ -1457,7 +1465,10 @@ class _Reader:
                 if t == _BEGIN:
                     name = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
                     a = cat = None
-                    if keep:
+                    if named is not None:
+                        if te.debug_annotations:
+                            a = {k: _value(d) for d in te.debug_annotations if (k := _key(st, d)) in named} or None
+                    elif keep:
                         if te.debug_annotations:
                             a = {_key(st, d): _value(d) for d in te.debug_annotations}
                         if te.category_iids:
@@ -1486,7 +1497,8 @@ class _Reader:
                             done.widen(t0, ts)
                         if keep:
                             done.args.append(a)
-                            done.cat.append(cat)
+                            if named is None:
+                                done.cat.append(cat)
                 elif t == _INSTANT and te.flow_ids:
                     self._launch(st, uuid, ts, te)
                 elif t == _COUNTER:
@@ -1660,7 +1672,9 @@ class _Reader:
                 track = Track(process_of(pid), name, name, "counter", int(m.group(1)) if m else None)
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
-        if not self.args:  # no arguments or categories: columns of None that take no memory
+        keep = self.args is not False
+        named = isinstance(self.args, frozenset)  # a column of None for the categories, made here
+        if not keep:  # no arguments or categories: columns of None that take no memory
             spans.args, spans.cat = _NoCats(0), _NoCats(0)
         entry: array[int] | None = None
         for uuid in list(self.spans):
@@ -1674,19 +1688,20 @@ class _Reader:
                 ends = array("q", map(add, c.end, repeat(base)))
             except OverflowError:  # times past 64 bits of ns (uint64 timestamps): not placed
                 self.flows_in.pop(uuid, None)
-                keep = [i for i in range(len(names)) if _in_range(base + c.start[i]) and _in_range(base + c.end[i])]
-                if not keep:
+                kept = [i for i in range(len(names)) if _in_range(base + c.start[i]) and _in_range(base + c.end[i])]
+                if not kept:
                     continue
-                starts = array("q", [base + c.start[i] for i in keep])
-                ends = array("q", [base + c.end[i] for i in keep])
-                names = [names[i] for i in keep]
-                if self.args:
-                    args, cats = [args[i] for i in keep], [cats[i] for i in keep]
+                starts = array("q", [base + c.start[i] for i in kept])
+                ends = array("q", [base + c.end[i] for i in kept])
+                names = [names[i] for i in kept]
+                if keep:
+                    args = [args[i] for i in kept]
+                    cats = [cats[i] for i in kept] if not named else cats
             del c
             ids = {n: intern(n) for n in dict.fromkeys(names)}  # first-seen order: the same numbering every run
             entry = self._entries(uuid, len(spans), len(names), entry, base)
-            if self.args:
-                spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, cats)
+            if keep:
+                spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, None if named else cats)
             else:
                 spans.extend([ids[n] for n in names], [t] * len(names), starts, ends)
         spans.entry = entry

@@ -23,12 +23,16 @@ It may offer more, which a stage asks for by name with `Format.capability` inste
 format's name: ``parse(path, data) -> (header, events)`` (the file's raw Chrome JSON events, which
 `validate` checks against Perfetto's JSON importer rules; the JSON format offers it), and
 ``parse_batches(path)`` (the same events a batch at a time, so a large file is checked holding
-one batch), and ``read_spans(path, data=None)`` (`read` without the spans' arguments and
-categories, for validate's checks of names, tracks and times; the protobuf format offers it),
-and for merge, written rank by rank: ``MergedWriter(f, base_ns, metadata, world_size)`` (a
-part's event lines encoded apart, `write`, `close`: JSON) or ``MergedPartsWriter(f)`` (each
-part `note`d as it is taken, then `close(metadata, parts)` writes the file from the parts given
-again in order: protobuf, whose file begins with what only the whole merged trace knows).
+one batch), and ``read_spans(path, data=None, keys=None)`` (`read` without the spans'
+categories and with only the arguments named in `keys`: plain lists of None but for those; `keys`
+None: no arguments, columns that take no memory, for validate's checks of names, tracks and
+times; both formats offer it). Within `only_args(keys)`, `read` reads that way where the format
+can: the statistics of `summary` and `view` look at three arguments of a span and at none of its
+categories, and a dict of arguments a span is most of a read trace's memory. For merge, written
+rank by rank: ``MergedWriter(f, base_ns, metadata, world_size)`` (a part's event lines encoded
+apart, `write`, `close`: JSON) or ``MergedPartsWriter(f)`` (each part `note`d as it is taken,
+then `close(metadata, parts)` writes the file from the parts given again in order: protobuf,
+whose file begins with what only the whole merged trace knows).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
 Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format
@@ -37,11 +41,13 @@ that lives outside gputrace, anywhere before it is used; `unregister` takes it a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import glob
 import importlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +94,9 @@ class Format:
             raise GputraceError(f"cannot write {path}: writing {self.name} needs {self.module} ({e})") from None
 
     def read(self, path: str, data: bytes | None = None) -> Trace:
-        trace: Trace = self._reader(path).read(path, data)
+        keys = _ONLY_ARGS.get()
+        lean = self.capability("read_spans", path) if keys is not None else None
+        trace: Trace = lean(path, data, keys) if lean is not None else self._reader(path).read(path, data)
         return trace
 
     def read_header(self, path: str) -> dict[str, Any]:
@@ -173,6 +181,22 @@ def detect(path: str, head: bytes | None = None) -> Format:
         if head and fmt.recognise(head):
             return fmt
     return by_extension(path) or _FORMATS[DEFAULT]
+
+
+_ONLY_ARGS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("gputrace_only_args", default=None)
+
+
+@contextlib.contextmanager
+def only_args(keys: Iterable[str]) -> Iterator[None]:
+    """Within it, `read` (and what reads through it: `merge.load`) keeps of the spans' arguments
+    only those named in `keys`, and no categories, where the format offers `read_spans`: for a
+    stage that looks at nothing else. In this thread (and its context) only: a merge's worker
+    processes read whole traces."""
+    token = _ONLY_ARGS.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _ONLY_ARGS.reset(token)
 
 
 def read(path: str, data: bytes | None = None, module: str | None = None) -> Trace:

@@ -1,6 +1,10 @@
 // The page: reads the document (inlined in an exported report, else from the server), fills the
 // header, and renders each view into its section. The views talk to the timeline through a bus.
 // The tab, the selection and the heatmap's range live in the URL (state.js): a link restores them.
+// A first document (`partial`: a view of many ranks from their digests, while the server computes
+// the full one) draws the heatmap at once; the views that need the full document say they are
+// being computed, and the page asks the server for it (full.json, a long poll) and upgrades the
+// views in place when it comes, or says in one line why it could not be computed.
 
 import * as breakdown from "./breakdown.js";
 import * as collectives from "./collectives.js";
@@ -23,7 +27,8 @@ async function loadDocument() {
 function facts(doc) {
   const parts = [`${doc.ranks.length} rank${doc.ranks.length === 1 ? "" : "s"}`];
   if (doc.steps) parts.push(`${fmtCount(doc.steps.count)} steps of '${doc.steps.name}'${doc.steps.skipped ? ` (first ${doc.steps.skipped} skipped)` : ""}`);
-  parts.push(`${fmtCount(doc.spans)} spans`, fmtNs(doc.duration_ns));
+  if (doc.spans !== null && doc.spans !== undefined) parts.push(`${fmtCount(doc.spans)} spans`);
+  parts.push(fmtNs(doc.duration_ns));
   const al = doc.alignment;
   if (al && al.per_rank) {
     // A rank with no offset measured (no clock sync) has no error bar, not one of 0 ns.
@@ -92,6 +97,75 @@ function restore(show) {
   if (tab) show(tab);
 }
 
+// The views that need the full document, and what each shows until it comes.
+const FULL_VIEWS = [
+  ["collectives", collectives, "Who waited for whom in each collective"],
+  ["breakdown", breakdown, "Where the time went, rank by rank"],
+  ["stats", stats, "The span statistics"],
+];
+
+function computing(section, what) {
+  section.replaceChildren(el("p", { className: "empty computing", "data-testid": "computing", text: `${what}: being computed from the ranks' digests; this view fills in by itself when it is ready.` }));
+}
+
+// Header and views from `doc` (the timeline is left as it is: it keeps what it loaded).
+function draw(doc, bus) {
+  document.title = `gputrace · ${doc.title}`;
+  document.getElementById("title").textContent = doc.title;
+  document.getElementById("facts").textContent = facts(doc);
+  const notes = document.getElementById("notes");
+  notes.replaceChildren(...doc.notes.map((note) => el("li", { text: note })));
+  document.getElementById("notes-box").hidden = doc.notes.length === 0;
+  openNow.render(doc, document.getElementById("open"), bus);
+  const show = tabs(doc);
+  heatmap.render(doc, document.getElementById("heatmap"), bus);
+  for (const [id, view, what] of FULL_VIEWS) {
+    const section = document.getElementById(id);
+    section.redraw = null;
+    if (doc.partial) computing(section, what);
+    else view.render(doc, section, bus);
+  }
+  if (doc.compare) compare.render(doc, document.getElementById("compare"), bus);
+  return show;
+}
+
+function status(text, error) {
+  const line = document.getElementById("full-status");
+  line.textContent = text;
+  line.hidden = !text;
+  line.classList.toggle("error", Boolean(error));
+}
+
+// Ask for the full document until it comes (the server holds each request until it is ready or
+// a while has passed), then draw it; an error is said in one line.
+async function follow(upgrade) {
+  let failures = 0;
+  for (;;) {
+    let res;
+    try {
+      res = await fetch("full.json?wait=10");
+    } catch (e) {
+      if (++failures >= 5) return status("The full statistics could not be fetched: the viewer's server does not answer (was gputrace view stopped?).", true);
+      await new Promise((ok) => setTimeout(ok, 1000));
+      continue;
+    }
+    failures = 0;
+    if (res.status === 202) continue;
+    if (res.ok) return upgrade(await res.json());
+    let reason = `${res.status} ${res.statusText}`;
+    try {
+      reason = (await res.json()).error || reason;
+    } catch (e) {
+      // Not the server's JSON: its status says it.
+    }
+    document.body.dataset.full = "error";
+    for (const [id, , what] of FULL_VIEWS) {
+      document.getElementById(id).replaceChildren(el("p", { className: "empty error", "data-testid": "not-computed", text: `${what}: not computed (see above).` }));
+    }
+    return status(`The full statistics could not be computed: ${reason}`, true);
+  }
+}
+
 async function main() {
   let doc;
   try {
@@ -100,20 +174,12 @@ async function main() {
     document.getElementById("facts").textContent = `could not read the viewer's data: ${err.message}`;
     return;
   }
-  document.title = `gputrace · ${doc.title}`;
-  document.getElementById("title").textContent = doc.title;
-  document.getElementById("facts").textContent = facts(doc);
-  const notes = document.getElementById("notes");
-  for (const note of doc.notes) notes.append(el("li", { text: note }));
-  document.getElementById("notes-box").hidden = doc.notes.length === 0;
-  const bus = makeBus();
-  openNow.render(doc, document.getElementById("open"), bus);
-  const show = tabs(doc);
-  heatmap.render(doc, document.getElementById("heatmap"), bus);
-  stats.render(doc, document.getElementById("stats"), bus);
-  breakdown.render(doc, document.getElementById("breakdown"), bus);
-  collectives.render(doc, document.getElementById("collectives"), bus);
-  if (doc.compare) compare.render(doc, document.getElementById("compare"), bus);
+  // While a document is drawn again the views' own restoring of a selection moves nothing else
+  // (the timeline keeps what it shows).
+  const all = makeBus();
+  let quiet = false;
+  const bus = { on: all.on, emit: (name, value) => (quiet ? undefined : all.emit(name, value)) };
+  const show = draw(doc, bus);
   timeline.render(doc, document.getElementById("timeline"), bus);
   restore(show);
   // The sticky header's height, so a view scrolled into place stops below it.
@@ -123,6 +189,23 @@ async function main() {
   if (window.ResizeObserver) new ResizeObserver(fit).observe(head);
   document.body.dataset.ready = "1";
   window.gputraceReadyMs = performance.now();
+  if (!doc.partial) {
+    document.body.dataset.full = "1";
+    return;
+  }
+  status("Computing the step breakdown, collectives, span statistics and causes; the heatmap's numbers are final.", false);
+  document.body.dataset.full = "computing";
+  await follow((full) => {
+    quiet = true;
+    try {
+      restore(draw(full, bus));
+    } finally {
+      quiet = false;
+    }
+    status("", false);
+    document.body.dataset.full = "1";
+    window.gputraceFullMs = performance.now();
+  });
 }
 
 main();

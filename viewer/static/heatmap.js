@@ -87,7 +87,10 @@ export function render(doc, element, bus) {
   // the step, stacked, so a step every rank took longer shows, and by which part.
   const tr = st.trend && st.trend.work.length === S ? st.trend : null;
   const trendCanvas = tr ? el("canvas", { "data-testid": "trend", "data-steps": S }) : null;
-  const wrap = el("div", { className: "heatmap-wrap" }, tr ? trendLegend() : null, trendCanvas, canvas);
+  // A first document (doc.partial) has the steps' times, not yet their breakdown: the trend and
+  // the words about causes and phases come with the full document.
+  const pending = doc.partial ? el("p", { className: "note computing", "data-testid": "heatmap-computing", text: "The step-time trend by part (work, idle, collective transfer and wait), the causes and the phases are being computed." }) : null;
+  const wrap = el("div", { className: "heatmap-wrap" }, pending, tr ? trendLegend() : null, trendCanvas, canvas);
   const tip = el("div", { className: "tooltip", "data-testid": "heatmap-tooltip", hidden: true });
   element.append(wrap, tip);
 

@@ -38,7 +38,7 @@ export function render(doc, element, bus) {
   }
   const origin = new URL(ui.src, location.href).origin;
   const status = el("span", { className: "status", "data-testid": "timeline-status", text: "starting the Perfetto UI…" });
-  const download = el("a", { href: ui.download, download: ui.filename, "data-testid": "timeline-download", text: `download the trace (${fmtCount(doc.spans)} spans, JSON)` });
+  const download = el("a", { href: ui.download, download: ui.filename, "data-testid": "timeline-download", text: `download the trace (${doc.spans === null || doc.spans === undefined ? "" : `${fmtCount(doc.spans)} spans, `}JSON)` });
   const frame = el("iframe", { src: ui.src, title: "Perfetto UI", "data-testid": "timeline-frame" });
   element.append(
     el("div", { className: "timeline-head" }, el("strong", { text: "Timeline" }), el("span", { "data-testid": "timeline-source", text: ` from ${ui.label}` }), status, download),
