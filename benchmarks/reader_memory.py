@@ -8,7 +8,7 @@ trace read as `gputrace view` reads it for the document, and the document comput
 `timeline`, not run unless named: the whole trace the page's timeline then reads, with every
 argument), each in a fresh process: the peak resident memory of that
 process (VmHWM, its imports included), its ratio to the file's size, the bytes an event, the
-time, and whether it is within the bound. `--root DIR` measures another checkout of gputrace
+time (wall and CPU), and whether it is within the bound. `--root DIR` measures another checkout of gputrace
 (a `git archive` of main: the numbers before a change). Files are kept in `--dir` and reused.
 
     python benchmarks/reader_memory.py [--events 3000000] [--dir DIR] [--root DIR] [--ops validate,summary]
@@ -36,9 +36,9 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key): return int(line.split()[1]) * 1024
 op, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
-try:  # the heap as the commands set it (gputrace summary, gputrace view), where the tree has it
+try:  # the heap as the commands set it (gputrace summary, view, merge), where the tree has it
     from gputrace import heap
-    if op in ("summary", "view", "timeline"):
+    if op in ("summary", "view", "timeline", "merge"):
         heap.map_large_blocks()
 except ImportError:
     pass
@@ -52,13 +52,14 @@ call = {
     "timeline": lambda: data.load([path]),
 }[op]
 imports = status("VmRSS:")
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 try:
     call()
     outcome = "ok"
 except MemoryError:
     outcome = "MemoryError (past 12 GB)"
-print(json.dumps({"peak": status("VmHWM:"), "imports": imports, "s": time.perf_counter() - t, "outcome": outcome}))
+took = {"s": time.perf_counter() - t, "cpu": time.process_time() - cpu}
+print(json.dumps({"peak": status("VmHWM:"), "imports": imports, **took, "outcome": outcome}))
 """
 
 
@@ -100,7 +101,7 @@ def main() -> None:
     print(f"{args.events:,} events, code in {args.root}")
     print(
         f"{'file':<12} {'size':>9} {'op':<9} {'peak RSS':>9} {'imports':>8} {'x size':>7} {'B/event':>8} "
-        f"{'time':>7}  bound"
+        f"{'time':>7} {'CPU':>7}  bound"
     )
     for name in args.formats.split(","):
         path = files[name]
@@ -112,7 +113,8 @@ def main() -> None:
             verdict = ("within" if peak <= bound else "OVER") if r["outcome"] == "ok" else str(r["outcome"])[:80]
             print(
                 f"{name:<12} {size / 1e6:>7.1f}MB {op:<9} {peak / 1e6:>7.0f}MB {int(r['imports']) / 1e6:>6.0f}MB "  # type: ignore[call-overload]
-                f"{peak / size:>6.2f}x {peak / args.events:>8.0f} {float(r['s']):>6.1f}s  {verdict}",  # type: ignore[arg-type]
+                f"{peak / size:>6.2f}x {peak / args.events:>8.0f} {float(r['s']):>6.1f}s "  # type: ignore[arg-type]
+                f"{float(r.get('cpu', 0.0)):>6.1f}s  {verdict}",  # type: ignore[arg-type]
                 flush=True,
             )
 

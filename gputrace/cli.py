@@ -351,10 +351,12 @@ def merge(
 ) -> None:
     """Merge per-rank traces (files, directories or globs) into one aligned timeline; a
     torch.profiler trace of a rank joins that rank."""
+    from gputrace import heap
     from gputrace import merge as merge_mod
     from gputrace.trace.files import check_target
 
     check_target(out)  # before minutes of reading ranks, not after
+    heap.map_large_blocks()  # ranks read whole one after another: freed large blocks go back at once
     meta = merge_mod.merge(
         paths,
         out,

@@ -6,7 +6,8 @@ rank they belong to), how to align them (`clock`: the offsets the ranks measured
 `none`; or the ends of the n-th occurrence of a named collective span), and optionally a
 selection (ranks, steps, a time window). Gives: one `Trace` with every rank its own process
 (pid = rank + 1) and the alignment applied recorded in its metadata (`load`), or the same
-written in the output's format (`merge`: JSON rank by rank, memory about one rank's worth).
+written in the output's format (`merge`: JSON and protobuf rank by rank, memory about one rank's
+worth).
 
 Checks before anything is merged, because a wrong merge looks plausible: the same rank twice
 (also the same file under two names, or a per-rank file beside a merged file), files of different
@@ -17,7 +18,8 @@ world-size checks into notes in the metadata.
 The stages, one module each: `sources` (reading and describing files, the checks and the plan),
 `select` (selections and their text forms), `place` (alignment maps, moving spans and counters
 onto the merged timeline, step windows, the merged metadata), `run` (load, merge, the groups of
-files and their reading, here or in the worker processes of `pool`).
+files and their reading, here or in the worker processes of `pool`), `spool` (parts kept on disk
+for a format that writes them after the last is read).
 """
 
 from __future__ import annotations

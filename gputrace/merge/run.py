@@ -5,7 +5,10 @@ Gives: `load` -> one `Trace` (every rank its own process, pid = rank + 1; the al
 metadata); `merge` -> that trace written atomically in the format the registry chooses for the
 output (`registry.for_path`), and the merged metadata as written. A format whose module offers a
 `MergedWriter` (JSON) is written rank by rank, memory about one rank's worth whatever the number
-of ranks; any other is loaded whole and written with its writer.
+of ranks; one that offers a `MergedPartsWriter` (protobuf: its file begins with what only the
+whole merged trace knows) takes each rank's part, which waits on disk (`merge.spool`) until the
+last is read, then writes them one at a time; any other is loaded whole and written with its
+writer.
 
 The stages, in order: describe and check the files (`merge.sources`), align them and place each
 group of files (a rank's own, then other tools' files of that rank) onto the output
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +42,7 @@ from gputrace.merge.place import (
 )
 from gputrace.merge.select import Selection
 from gputrace.merge.sources import Plan, Source, describe, files_of, plan, read_trace
+from gputrace.merge.spool import Spool
 from gputrace.trace import registry
 from gputrace.trace.files import atomic_writer
 from gputrace.trace.model import Trace
@@ -78,9 +83,18 @@ def prepare(
     allow_mixed: bool,
     sel: Selection,
     keep: bool,
+    stash: Spool | None = None,
 ) -> Job:
-    """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing)."""
-    sources = [describe(f, rank_from_filename, keep=keep) for f in files]
+    """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing;
+    `stash`: they are put aside there instead, and loaded from it when wanted)."""
+    sources = []
+    for f in files:
+        s = describe(f, rank_from_filename, keep=keep or stash is not None)
+        if stash is not None and s.trace is not None and not keep:
+            s.stashed = functools.partial(stash.get, stash.put(s.trace))
+            s.trace = None
+            release_memory()
+        sources.append(s)
     p = plan(sources, allow_mixed, sel.ranks)
     maps = alignment(p, align, align_on, occurrence, _read_and_keep if keep else read_source)
     start = merged_start(p, maps)
@@ -107,8 +121,10 @@ def _group_label(group: list[Source]) -> str:
 
 
 def read_source(s: Source) -> Trace:
-    """The source's trace: the one kept on it, else read from its file."""
-    return s.trace if s.trace is not None else read_trace(s.path, s.module)
+    """The source's trace: the one kept on it or put aside, else read from its file."""
+    if s.trace is not None:
+        return s.trace
+    return s.stashed() if s.stashed is not None else read_trace(s.path, s.module)
 
 
 def _read_and_keep(s: Source) -> Trace:
@@ -197,7 +213,7 @@ def run_groups(
         return
     for g in all_groups:
         for s in g:
-            s.trace = None  # each worker reads its own files
+            s.trace = s.stashed = None  # each worker reads its own files
     batches: list[list[int]] = [[]]
     size = 0
     for i in range(len(all_groups)):
@@ -342,11 +358,15 @@ def merge(
         raise MergeError(f"{out} is one of the inputs; write the merged trace to another file")
     try:
         writer = kind.capability("MergedWriter")
+        parts_writer = kind.capability("MergedPartsWriter") if writer is None else None
     except TraceFormatError as e:
         raise GputraceError(
             f"writing {kind.name} traces needs {kind.module} ({e.reason}); write JSON (-o x.json)"
         ) from None
     args = (files, out, align, align_on, occurrence, rank_from_filename, allow_mixed, sel)
+    if parts_writer is not None:
+        with no_cycle_collection():
+            return _merge_by_spool(parts_writer, *args, workers_for(files, workers), progress)
     if writer is None:
         trace = load(files, align, align_on, occurrence, rank_from_filename, allow_mixed, *_selection_args(sel))
         if progress:
@@ -393,3 +413,56 @@ def _merge_by_part(
     if late:
         header.setdefault("notes", []).extend(late)
     return header
+
+
+def _merge_by_spool(
+    writer: Any,
+    files: list[str],
+    out: str,
+    align: str,
+    align_on: str | None,
+    occurrence: int,
+    rank_from_filename: bool,
+    allow_mixed: bool,
+    sel: Selection,
+    n_workers: int,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """The merged trace written through the format's `MergedPartsWriter` (a file that begins with
+    what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
+    writer and spooled to disk (the last one kept in memory), then the file written from the
+    spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
+    folder = os.path.dirname(os.path.abspath(out))
+    # A file read whole to be described is read once: kept (one file) or put aside on disk
+    # (`stash`, when the groups are taken here) until it is taken.
+    stash = Spool(folder) if n_workers <= 1 and len(files) > 1 else None
+    spool = Spool(folder)
+    try:
+        job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, len(files) == 1, stash)
+        tally = Tally()
+        # The last group's part is the last result when the groups are taken here (as
+        # `run_groups` decides); workers' parts are all spooled.
+        here = n_workers <= 1 or len(job.groups) < 2
+        with atomic_writer(out) as f:
+            w = writer(f)
+            k = 0
+            # Not `enumerate`: its reused result tuple would hold the part through the next read.
+            for part, results in run_groups(job, None, None, n_workers, progress):
+                tally.add(results)
+                w.note(part)
+                last = here and k == len(job.groups) - 1
+                spool.add(part, keep=last)
+                del part
+                if not last:
+                    release_memory()
+                k += 1
+            # Raises before the file is published when a selection found nothing.
+            meta = merged_metadata(job.plan, job.maps, sel, job.start, job.plan.notes + tally.notes(sel))
+            w.close(meta, spool.parts())
+    finally:
+        spool.close()
+        if stash is not None:
+            stash.close()
+    if progress:
+        progress("done", len(job.groups), len(job.groups))
+    return string_keys(meta)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from gputrace.errors import MergeError, TraceFormatError
@@ -67,6 +67,9 @@ class Source:
     merged_meta: Mapping[str, Any] | None = None
     trace: Trace | None = None  # kept when the file was read whole and is wanted again
     module: str | None = None  # its format's module (workers read with it)
+    #: Where a trace read whole was put aside (`merge.spool`): loads it instead of reading the file
+    #: again. Only in the process that described the file.
+    stashed: Callable[[], Trace] | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def _ident(path: str) -> tuple[int, int] | None:

@@ -23,7 +23,9 @@ import bisect
 import dataclasses
 import re
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import compress, islice
+from operator import eq, gt, itemgetter, neg
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -545,6 +547,105 @@ def layout_pieces(
                 rows = prows[k : k + step]
                 pieces.append((writers[p], rows, _place(trace, rows, writers[p])))
     return pieces
+
+
+def iter_layout_pieces(
+    trace: Trace, writers: dict[int, W], step: int = 16384, track_rows: dict[int, array[int]] | None = None
+) -> Iterator[tuple[W, list[int], list[int]]]:
+    """`layout_pieces(trace, writers)` made as they are wanted: the same pieces and lanes, the
+    writers' layouts left the same. It holds each track's rows (8 bytes a span) where that
+    holds a list of each process's rows and its sort keys (~100 bytes a span): a track's spans
+    in the order they ended (as a gputrace file's are; sorted here where not), the process's
+    merged from its tracks'. `track_rows` is given each track's rows in that order."""
+    sp = trace.spans
+    start, end, track_col = sp.start, sp.end, sp.track
+    proc_of_track = [t.process for t in trace.tracks]
+    rows_of: dict[int, array[int]] = {}
+    used = set(track_col)
+    if len(used) <= 8:  # a pass over the column per track, at C speed
+        for t in used:
+            rows_of[t] = array("q", compress(range(len(track_col)), map(t.__eq__, track_col)))
+    else:
+        for i, t in enumerate(track_col):
+            rows = rows_of.get(t)
+            if rows is None:
+                rows = rows_of[t] = array("q")
+            rows.append(i)
+    # Processes in the order of their first span (as `layout_pieces` meets them).
+    by_proc: dict[int, list[array[int]]] = {}
+    for _, t in sorted((rows[0], t) for t, rows in rows_of.items()):
+        rows = rows_of[t]
+        if not _in_end_order(start, end, rows):
+            listed = list(rows)
+            listed.sort(key=start.__getitem__, reverse=True)  # as `layout_pieces`: stable
+            listed.sort(key=end.__getitem__)
+            rows = array("q", listed)
+            del listed
+        by_proc.setdefault(proc_of_track[t], []).append(rows)
+        if track_rows is not None:
+            track_rows[t] = rows
+    del rows_of
+    for p, tracks in by_proc.items():
+        # By end, the later start first, then by row: `layout_pieces`'s two stable sorts.
+        ordered = iter([list(tracks[0])]) if len(tracks) == 1 else _merged(start, end, tracks)
+        held: list[int] = []
+        for batch in ordered:
+            held += batch
+            while len(held) >= step:
+                piece = held[:step]
+                del held[:step]
+                yield writers[p], piece, _place(trace, piece, writers[p])
+        if held:
+            yield writers[p], held, _place(trace, held, writers[p])
+        tracks.clear()
+
+
+def _in_end_order(start: Sequence[int], end: Sequence[int], rows: Sequence[int], step: int = 65536) -> bool:
+    """Are `rows` sorted by end, the later start first at equal ends?"""
+    last: int | None = None
+    for lo in range(0, len(rows), step):
+        chunk = rows[lo : lo + step]
+        ends = array("q", map(end.__getitem__, chunk))
+        if (last is not None and ends[0] < last) or any(map(gt, ends, islice(ends, 1, None))):
+            return False
+        # Equal ends (few): the later start first.
+        for i in compress(range(len(ends) - 1), map(eq, ends, islice(ends, 1, None))):
+            if start[chunk[i]] < start[chunk[i + 1]]:
+                return False
+        if last is not None and ends[0] == last and start[rows[lo - 1]] < start[chunk[0]]:
+            return False
+        last = ends[-1]
+    return True
+
+
+def _merged(
+    start: Sequence[int], end: Sequence[int], tracks: list[array[int]], window: int = 4096
+) -> Iterator[list[int]]:
+    """The rows of `tracks` (each sorted by end, the later start first) in that order over all of
+    them, ties by row, a list at a time: sorted a window at a time (a track's next `window` rows
+    at most), where each round gives every row up to the least last row read of a track not yet
+    read to its end (no later row of any track comes before it)."""
+    feeds = [zip(map(end.__getitem__, r), map(neg, map(start.__getitem__, r)), r) for r in tracks]
+    held: list[list[tuple[int, int, int]]] = [[] for _ in feeds]
+    done = [False] * len(feeds)
+    while True:
+        for k, feed in enumerate(feeds):
+            if not done[k] and len(held[k]) < window:
+                more = list(islice(feed, window))
+                done[k] = len(more) < window
+                held[k] += more
+        open_lasts = [h[-1] for k, h in enumerate(held) if not done[k] and h]
+        bound = min(open_lasts) if open_lasts else None
+        out: list[tuple[int, int, int]] = []
+        for k, h in enumerate(held):
+            cut = len(h) if bound is None else bisect.bisect_right(h, bound)
+            if cut:
+                out += h[:cut]
+                del h[:cut]
+        if not out:
+            return
+        out.sort()  # sorted runs, merged at C speed
+        yield list(map(itemgetter(2), out))
 
 
 def _place(trace: Trace, rows: Sequence[int], writer: ProcessLayout) -> list[int]:

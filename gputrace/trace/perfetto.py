@@ -44,14 +44,16 @@ batch once.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import os
 import zlib
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
-from operator import add
-from typing import Any
+from itertools import compress, islice, repeat
+from operator import add, gt
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -66,8 +68,10 @@ from gputrace.trace.layout import (
     LAUNCH_TRACK,
     Layout,
     ProcessLayout,
+    WritePlan,
     clean,
     dumps,
+    iter_layout_pieces,
     lane_name,
     launch_at,
     launch_rows,
@@ -77,7 +81,7 @@ from gputrace.trace.layout import (
     safe_repr,
     update_header,
 )
-from gputrace.trace.model import Process, Trace, Track, _NoCats
+from gputrace.trace.model import CounterColumns, Process, Trace, Track, _NoCats, intern
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -168,20 +172,44 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     the columns, the layout and each track's span order)."""
     # The same base, pids, tids and lanes as the JSON writer (its tracks' descriptions aside).
     plan = plan_write(trace, base_ns, ordered, writer=ProcessLayout)
-    base_ns, pid_of, pieces, meta = plan.base_ns, plan.pid_of, plan.pieces, plan.metadata
-    info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
-    header = {"baseTimeNanoseconds": base_ns, "distributedInfo": info, "metadata": meta}
-    header["processes"] = process_facts(trace.processes, pid_of)
-
+    base_ns, pid_of, pieces = plan.base_ns, plan.pid_of, plan.pieces
     enc = _Encoder(base_ns)
-    head = [_metadata_packet(HEADER, header), enc.clock_packet()]
-    order = sorted(range(len(trace.processes)), key=lambda i: (_sort_key(trace.processes[i]), i))
-    head += [_process_packet(pid_of[i], trace.processes[i]) for i in order]
-    yield _serialize(head)
-
+    yield _head(enc, _header(plan, trace.processes), trace.processes, pid_of)
     # Each written track's spans, in the order the JSON writer lays them out (its tids too).
+    groups = _track_rows(trace, pieces)
+    # The pieces' rows and lanes are the groups' now: let them go before the events are made.
+    del plan, pieces
+    out = _Out()
+    yield from _encode_tracks(enc, trace, groups, out)
+    enc.counters(trace, range(len(trace.counters)), pid_of, out)
+    for k in range(0, len(trace.extra), 10_000):
+        out.append(_serialize([_metadata_packet(EXTRA, _extra_json(trace, pid_of, k, k + 10_000))]))
+    out.end()
+    yield out.take()
+
+
+def _header(plan: WritePlan[ProcessLayout], processes: Sequence[Process]) -> dict[str, Any]:
+    """gputrace's header of a whole trace (as the JSON format's header), with each process's facts."""
+    info = {k: v for k, v in (("rank", plan.rank), ("world_size", plan.world_size)) if v is not None}
+    header = {"baseTimeNanoseconds": plan.base_ns, "distributedInfo": info, "metadata": plan.metadata}
+    header["processes"] = process_facts(processes, plan.pid_of)
+    return header
+
+
+def _head(enc: _Encoder, header: dict[str, Any], processes: Sequence[Process], pid_of: dict[int, int]) -> bytes:
+    """The file's first packets: the header, the clock, the processes in their sort order."""
+    head = [_metadata_packet(HEADER, header), enc.clock_packet()]
+    order = sorted(range(len(processes)), key=lambda i: (_sort_key(processes[i]), i))
+    head += [_process_packet(pid_of[i], processes[i]) for i in order]
+    return _serialize(head)
+
+
+def _track_rows(
+    trace: Trace, pieces: Iterable[tuple[ProcessLayout, Sequence[int], list[int]]]
+) -> dict[ProcessLayout, dict[int, array[int]]]:
+    """The laid-out pieces' rows grouped by written track ((track << 24) | lane), per process, in
+    the order the JSON writer meets them; tids are given in that order."""
     sp = trace.spans
-    cats = any(c is not None for c in sp.cat)
     groups: dict[ProcessLayout, dict[int, array[int]]] = {}
     for w, rows, lanes in pieces:
         g = groups.setdefault(w, {})
@@ -197,21 +225,211 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
         else:
             for r, key in zip(rows, keys):
                 g[key].append(r)
-    # The pieces' rows and lanes are the groups' now: let them go before the events are made.
-    del plan, pieces
-    out: list[bytes] = []
+    return groups
+
+
+def _laid_out_rows(trace: Trace, writers: dict[int, ProcessLayout]) -> dict[ProcessLayout, dict[int, array[int]]]:
+    """`_track_rows` of `iter_layout_pieces`: the same groups, tids given in the same order. A
+    written track that is the whole of its track (every span on its lane 0, the usual case) is
+    that track's rows as the layout ordered them, not a copy; lanes are kept per span only for
+    tracks where one is not 0."""
+    sp = trace.spans
+    track_col = sp.track
+    rows_of: dict[int, array[int]] = {}
+    lanes_of: dict[int, array[int]] = {}  # track -> each row's lane, in `rows_of` order
+    placed: dict[int, int] = {}  # track -> rows laid out so far
+    groups: dict[ProcessLayout, dict[int, Any]] = {}
+    for w, rows, lanes in iter_layout_pieces(trace, writers, track_rows=rows_of):
+        g = groups.setdefault(w, {})
+        tracks = [track_col[r] for r in rows]
+        if sp.entry is not None and launch_rows(sp.entry, rows):
+            w.launch_tid([])  # asked where the JSON writer asks it: the same tids
+        if any(lanes):
+            for t, k in zip(tracks, lanes):
+                key = (t << 24) | k
+                if key not in g:
+                    w.tid(trace, t, k, [])  # tids in the JSON writer's order
+                    g[key] = None
+                la = lanes_of.get(t)
+                if la is None and k:
+                    la = lanes_of[t] = array("q", bytes(8 * placed.get(t, 0)))
+                if la is not None:
+                    la.append(k)
+                placed[t] = placed.get(t, 0) + 1
+        else:
+            for t, n in Counter(tracks).items():  # tracks in the order the piece meets them
+                if t << 24 not in g:
+                    w.tid(trace, t, 0, [])
+                    g[t << 24] = None
+                if t in lanes_of:
+                    lanes_of[t].extend(array("q", bytes(8 * n)))
+                placed[t] = placed.get(t, 0) + n
+    for g in groups.values():
+        for key in g:
+            t, k = key >> 24, key & 0xFFFFFF
+            la = lanes_of.get(t)
+            g[key] = rows_of[t] if la is None else array("q", compress(rows_of[t], map(k.__eq__, la)))
+    return groups
+
+
+def _encode_tracks(
+    enc: _Encoder, trace: Trace, groups: dict[ProcessLayout, dict[int, array[int]]], out: _Out
+) -> Iterator[bytes]:
+    """Each written track's events into `out`; what it has compressed is given back after each
+    track (the rest stays in `out` for what follows)."""
+    cats = any(c is not None for c in trace.spans.cat)
     for w, g in groups.items():
         for key, rows in g.items():
-            enc.spans(trace, w, key >> 24, key & 0xFFFFFF, rows, cats, out)
-            if sum(map(len, out)) >= _CHUNK:
-                yield _compressed(out)
-                out.clear()
+            enc.track(trace, w, key >> 24, key & 0xFFFFFF, rows, cats, out)
+            out.track_end()
+            if out.ready:
+                yield out.take()
         g.clear()
-    enc.counters(trace, range(len(trace.counters)), pid_of, out)
-    for k in range(0, len(trace.extra), 10_000):
-        out.append(_serialize([_metadata_packet(EXTRA, _extra_json(trace, pid_of, k, k + 10_000))]))
-    if out:
-        yield _compressed(out)
+
+
+class _Parts(Protocol):
+    """Where the encoder puts serialized packets: a list, or `_Out`."""
+
+    def append(self, part: bytes, /) -> None: ...
+
+
+class _Out:
+    """Serialized packets compressed as they come, into the same compressed packets as a list of
+    them given to `_compressed` after each track once it held `_CHUNK` bytes (and at the end):
+    a compressed packet closes when its parts reach `_CHUNK` bytes, and at the end of a track
+    once the parts since the last such point do. So a track of any length holds a chunk of
+    packets, not all of its own, and the file's bytes are the same."""
+
+    def __init__(self) -> None:
+        self.group: list[bytes] = []
+        self.size = 0  # bytes in `group`
+        self.since = 0  # bytes appended since everything was last compressed
+        self.ready: list[bytes] = []  # serialized compressed packets, not yet taken
+
+    def append(self, part: bytes) -> None:
+        self.group.append(part)
+        self.size += len(part)
+        self.since += len(part)
+        if self.size >= _CHUNK:
+            self._close()
+
+    def _close(self) -> None:
+        packet = pb.TracePacket(compressed_packets=zlib.compress(b"".join(self.group), _LEVEL))
+        self.ready.append(_serialize([packet]))
+        self.group, self.size = [], 0
+
+    def track_end(self) -> None:
+        if self.since >= _CHUNK:
+            self.end()
+
+    def end(self) -> None:
+        """Everything appended so far compressed."""
+        if self.group:
+            self._close()
+        self.since = 0
+
+    def take(self) -> bytes:
+        data = b"".join(self.ready)
+        self.ready.clear()
+        return data
+
+
+class MergedPartsWriter:
+    """A merged trace written part by part (a part: one or more ranks' `Trace`, in the merged
+    trace's order), the same bytes as `write` of the whole merged trace.
+
+    The file begins with what only the whole trace knows: its base (the first instant of every
+    part, which every track's first time counts from), every process, the notes found while
+    merging. So each part is first `note`d (its processes, names, first instant, and its counter
+    samples and other tools' events, taken out of it: they go last in the file), then `close`
+    writes the header and encodes the parts again given in the same order, one at a time, and
+    the counters and other events after them. Memory: one part's columns, each of its tracks'
+    rows in the order the layout and the encoder walk them (8 bytes a span), and a batch of
+    events (`_Encoder.track`)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.processes: list[Process] = []
+        self.names: list[str] = []
+        self._name_index: dict[str, int] = {}
+        self.counters = Trace()  # every part's counter tracks (processes: global indices) and samples
+        self.extra: list[dict[str, Any]] = []
+        self._first: int | None = None  # the first instant over spans, counters, other events
+        self._entry: int | None = None  # the least host entry (not 0) of any span
+
+    def note(self, part: Trace) -> None:
+        """What the file's beginning needs from `part`; its counters and other events move here."""
+        p0 = len(self.processes)
+        self.processes += part.processes
+        for name in part.names:
+            intern(self.names, self._name_index, name)
+        firsts = [] if self._first is None else [self._first]
+        if len(part.spans):
+            firsts.append(min(part.spans.start))
+        entry = part.spans.entry
+        if entry is not None and len(entry):
+            least = min(filter(None, entry), default=0)  # filter(None): at C speed, past the zeros
+            if least:
+                self._entry = least if self._entry is None else min(self._entry, least)
+        c = part.counters
+        if len(c):
+            firsts.append(min(c.ts))
+            moved: dict[int, int] = {}
+            for t in dict.fromkeys(c.track):
+                track = part.tracks[t]
+                moved[t] = self.counters.add_track(dataclasses.replace(track, process=p0 + track.process))
+            self.counters.counters.track.extend(array("l", map(moved.__getitem__, c.track)))
+            self.counters.counters.ts.extend(c.ts)
+            self.counters.counters.value.extend(c.value)
+            part.counters = CounterColumns()
+        for e in part.extra:
+            firsts.append(e["ts_ns"])
+            e["process"] += p0
+        self.extra += part.extra
+        part.extra = []
+        self._first = min(firsts) if firsts else None
+
+    def base_ns(self, metadata: dict[str, Any]) -> int:
+        """The base `write` takes for the whole trace: its first instant, or the first host entry
+        where that is earlier (the launch arrows start there)."""
+        if self._first is None:
+            return int(metadata.get("base_ns", 0) or 0)
+        if self._entry is not None and 0 < self._entry < self._first:
+            return self._entry
+        return self._first
+
+    def close(self, metadata: dict[str, Any], parts: Iterable[Trace]) -> None:
+        """The file: the header (`metadata`: the merged trace's), then `parts` (every part noted,
+        in the same order, each dropped once written), then the counters and other events."""
+        whole = Trace(metadata)  # the merged trace's processes, for the whole writer's plan
+        whole.processes = self.processes
+        plan = plan_write(whole, self.base_ns(metadata), writer=ProcessLayout)
+        pid_of, writers = plan.pid_of, plan.writers
+        enc = _Encoder(plan.base_ns)
+        self.f.write(_head(enc, _header(plan, self.processes), self.processes, pid_of))
+        out = _Out()
+        p0 = 0
+        for part in parts:
+            n = len(part.processes)
+            remap = array("l", [self._name_index[name] for name in part.names])
+            sp = part.spans
+            if list(remap) != list(range(len(remap))):
+                sp.name = array("l", map(remap.__getitem__, sp.name))
+            part.names = self.names
+            groups = _laid_out_rows(part, {i: writers[p0 + i] for i in range(n)})
+            for data in _encode_tracks(enc, part, groups, out):
+                self.f.write(data)
+            del part, groups, sp
+            p0 += n
+        counters = self.counters
+        counters.processes = self.processes
+        enc.counters(counters, range(len(counters.counters)), pid_of, out)
+        holder = Trace()
+        holder.extra = self.extra
+        for k in range(0, len(self.extra), 10_000):
+            out.append(_serialize([_metadata_packet(EXTRA, _extra_json(holder, pid_of, k, k + 10_000))]))
+        out.end()
+        self.f.write(out.take())
 
 
 def _compressed(parts: list[bytes]) -> bytes:
@@ -326,7 +544,7 @@ class _Encoder:
         p.clock_snapshot.clocks.add(clock_id=_REALTIME, timestamp=max(self.base, 0))
         return p
 
-    def _new_lane(self, descriptor: pb.TrackDescriptor, out: list[bytes]) -> _Lane:
+    def _new_lane(self, descriptor: pb.TrackDescriptor, out: _Parts) -> _Lane:
         lane = _Lane(self.next_seq, descriptor.uuid)
         self.next_seq += 1
         p = pb.TracePacket(trusted_packet_sequence_id=lane.seq, sequence_flags=_CLEARED)
@@ -346,7 +564,7 @@ class _Encoder:
         lane.last = 0
         return _serialize([p])
 
-    def _deltas(self, lane: _Lane, times: list[int], out: list[bytes]) -> list[int]:
+    def _deltas(self, lane: _Lane, times: list[int], out: _Parts) -> list[int]:
         """Timestamps (epoch ns, ascending) as deltas on the lane's clock, resetting it first when
         they begin before its last value."""
         first = times[0] - self.base
@@ -376,7 +594,7 @@ class _Encoder:
             i = table[s] = len(table) + 1
         return i
 
-    def thread_lane(self, trace: Trace, w: ProcessLayout, track: int, k: int, out: list[bytes]) -> _Lane:
+    def thread_lane(self, trace: Trace, w: ProcessLayout, track: int, k: int, out: _Parts) -> _Lane:
         key = (w.pid, track, k)
         lane = self.lanes.get(key)
         if lane is None:
@@ -394,7 +612,7 @@ class _Encoder:
         return lane
 
     def spans(
-        self, trace: Trace, w: ProcessLayout, track: int, k: int, rows: Sequence[int], cats: bool, out: list[bytes]
+        self, trace: Trace, w: ProcessLayout, track: int, k: int, rows: Sequence[int], cats: bool, out: _Parts
     ) -> None:
         """The begin/end events of `rows` (spans of one written track, in the JSON writer's
         order) appended to `out`, after the track's descriptor if it is new. Spans that cannot
@@ -471,8 +689,162 @@ class _Encoder:
             self.spilled[(w.pid, track)] = made + 1
             self.spans(trace, w, track, _SPILL + made, spill, cats, out)
 
+    def track(
+        self, trace: Trace, w: ProcessLayout, track: int, k: int, rows: Sequence[int], cats: bool, out: _Parts
+    ) -> None:
+        """`spans` for all the spans of a written track at once, whatever their number: the same
+        packets, made a batch at a time. The rows are walked twice in the JSON importer's order:
+        first for what goes before the events (the names and argument names the track interns,
+        the spans that spill, the launch arrows' sources), then for the events themselves. It
+        holds the rows in that order, the spilled ones and the arrows' rows and times (8 to 24
+        bytes a span, where `spans` holds lists of ~300) and one batch of packets."""
+        lane = self.thread_lane(trace, w, track, k, out)
+        sp = trace.spans
+        start, end, name_col, args_col, cat_col, entry = sp.start, sp.end, sp.name, sp.args, sp.cat, sp.entry
+        base = self.base
+        order = _start_order(start, end, rows)
+        if min(map(start.__getitem__, order)) < base:
+            raise ValueError("a span starts before the trace's base")
+        templates = self._begin_templates(lane, trace.names, set(map(name_col.__getitem__, order)), out)
+        # First walk. Times stay epoch ns here; an end is 2*end, +1 for a zero-length span (see
+        # `spans`), which keeps the comparisons of the ns after the base.
+        reset = lane.last is None or start[order[0]] - base < lane.last
+        spill = array("q")
+        keys: dict[str, None] = {}  # argument names, in the order `_intern_args` meets them
+        cat_names: dict[str, None] = {}
+        arrows = array("q")  # rows written with a host entry, in order
+        stack: list[int] = []
+        for r in order:
+            s = start[r]
+            s2 = s << 1
+            while stack and stack[-1] <= s2:
+                stack.pop()
+            e = end[r]
+            e2 = (e << 1) | (e == s)
+            if stack and e2 > stack[-1]:
+                spill.append(r)  # it would cross the open span
+                continue
+            stack.append(e2)
+            a: Any = args_col[r]
+            if a:
+                for key in a:
+                    keys[str(key)] = None
+            c = cat_col[r]
+            if c is not None:
+                cat_names[c] = None
+            if entry is not None and entry[r] > 0:
+                arrows.append(r)
+        flow = self._arrows(trace, w, arrows, out) if arrows else 0
+        del arrows
+        prev = 0 if reset or lane.last is None else lane.last
+        if reset:
+            out.append(self._clock_reset(lane))
+        fixes: list[tuple[int, Any]] = [(0, (keys, None))] + [(0, (None, c)) for c in cat_names]
+        self._intern_args(lane, fixes, out)
+        del keys, cat_names, fixes
+        # Second walk: the events, a batch at a time.
+        prev += base
+        end_t = lane.end
+        flowed: dict[int, tuple[bytes, bytes]] = {}  # name index -> the begin packet around a flow id
+        names = trace.names
+        parts: list[bytes] = []
+        deltas: list[int] = []
+        fixes = []
+        part, delta = parts.append, deltas.append
+        stack = []
+        for r in order:
+            s = start[r]
+            s2 = s << 1
+            while stack and stack[-1] <= s2:
+                v = stack.pop() >> 1
+                delta(v - prev)
+                prev = v
+                part(end_t)
+            e = end[r]
+            e2 = (e << 1) | (e == s)
+            if stack and e2 > stack[-1]:
+                continue
+            stack.append(e2)
+            delta(s - prev)
+            prev = s
+            a = args_col[r]
+            if cats:
+                c = cat_col[r]
+                a = (a, c) if a or c is not None else None
+            if a:
+                fixes.append((len(parts), a))
+            n = name_col[r]
+            if entry is not None and entry[r] > 0:
+                cut = flowed.get(n)
+                if cut is None:
+                    cut = flowed[n] = self._flowed(lane, _BEGIN, self.name_iid[names[n]])
+                part(cut[0] + flow.to_bytes(8, "little") + cut[1])
+                flow += 1
+            else:
+                part(templates[n])
+            if len(parts) >= _BATCH:
+                self._emit_batch(parts[:_BATCH], deltas[:_BATCH], [f for f in fixes if f[0] < _BATCH], out)
+                del parts[:_BATCH], deltas[:_BATCH]
+                fixes = [(j - _BATCH, a) for j, a in fixes if j >= _BATCH]
+                part, delta = parts.append, deltas.append
+        while stack:
+            v = stack.pop() >> 1
+            delta(v - prev)
+            prev = v
+            part(end_t)
+        self._emit(parts, deltas, fixes, out)
+        lane.last = prev - base
+        if spill:
+            made = self.spilled.get((w.pid, track), 0)
+            self.spilled[(w.pid, track)] = made + 1
+            self.track(trace, w, track, _SPILL + made, spill, cats, out)
+
+    def _arrows(self, trace: Trace, w: ProcessLayout, rows: array[int], out: _Parts) -> int:
+        """`_launches` for `track`: the sources of the launch arrows of `rows` (written spans with
+        a host entry, in order) as instants on the process's launch track; gives the first flow
+        id (the next row's is one more)."""
+        entry, start, name_col = trace.spans.entry, trace.spans.start, trace.spans.name
+        assert entry is not None
+        first = w.flow_ids(len(rows))
+        lane = self.launch_lane(w, out)
+        base = self.base
+        names = trace.names
+        self._names_on(lane, names, set(map(name_col.__getitem__, rows)), out)
+        at = array("q", [launch_at(entry[r], start[r], base) for r in rows])
+        # In time order, the earlier flow first at equal times (as `_launches` sorts its marks).
+        order: Sequence[int] = range(len(rows))
+        if any(map(gt, at, islice(at, 1, None))):
+            order = array("q", sorted(order, key=at.__getitem__))
+        times = at[order[0]]
+        if times - base < 0:
+            raise ValueError("a span or counter sample lies before the trace's base")
+        if lane.last is None or times - base < lane.last:
+            out.append(self._clock_reset(lane))
+        prev = lane.last + base  # type: ignore[operator]
+        if any(entry[r] != t for r, t in zip(rows, at)):
+            self._intern_args(lane, [(0, {ENTRY_ARG: 0})], out)
+        parts: list[bytes] = []
+        deltas: list[int] = []
+        fixes: list[tuple[int, Any]] = []
+        for i in order:
+            r, t = rows[i], at[i]
+            pre, post = self._flowed(lane, _INSTANT, self.name_iid[names[name_col[r]]])
+            e = entry[r]
+            if t != e:  # drawn before the span, not at its entry: the entry itself
+                fixes.append((len(parts), {ENTRY_ARG: e}))
+            parts.append(pre + (first + i).to_bytes(8, "little") + post)
+            deltas.append(t - prev)
+            prev = t
+            if len(parts) == _BATCH:
+                self._emit_batch(parts, deltas, fixes, out)
+                parts, deltas, fixes = [], [], []
+        if parts:
+            self._emit_batch(parts, deltas, fixes, out)
+        lane.last = prev - base
+        return first
+
     def _launches(
-        self, trace: Trace, w: ProcessLayout, rows: list[int], begins: list[int], spill: list[int], out: list[bytes]
+        self, trace: Trace, w: ProcessLayout, rows: list[int], begins: list[int], spill: list[int], out: _Parts
     ) -> list[tuple[int, int, int]]:
         """The sources of the launch arrows of `rows` (those written, not `spill`ed, with a host
         entry: see layout.py) as instants on the process's launch track, appended to `out`; gives
@@ -524,7 +896,7 @@ class _Encoder:
             cut = lane.flowed[key] = (data[:at], data[at + 8 :])
         return cut
 
-    def launch_lane(self, w: ProcessLayout, out: list[bytes]) -> _Lane:
+    def launch_lane(self, w: ProcessLayout, out: _Parts) -> _Lane:
         """The sequence of the process's launch track (new: described into `out` first)."""
         key = (w.pid, -1, 0)
         lane = self.lanes.get(key)
@@ -537,7 +909,7 @@ class _Encoder:
             lane = self.lanes[key] = self._new_lane(d, out)
         return lane
 
-    def _names_on(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> dict[int, int]:
+    def _names_on(self, lane: _Lane, names: list[str], used: set[int], out: _Parts) -> dict[int, int]:
         """Per name index used, its iid, interned on the lane first where new to it."""
         iids: dict[int, int] = {}
         new: list[tuple[int, str]] = []
@@ -554,7 +926,7 @@ class _Encoder:
             out.append(self._intern(lane, sorted(new), [], []))
         return iids
 
-    def _begin_templates(self, lane: _Lane, names: list[str], used: set[int], out: list[bytes]) -> list[bytes]:
+    def _begin_templates(self, lane: _Lane, names: list[str], used: set[int], out: _Parts) -> list[bytes]:
         """Per name index of the trace, the lane's begin packet for it (serialized); names new to
         the lane are interned first."""
         templates = [b""] * len(names)
@@ -573,7 +945,7 @@ class _Encoder:
             out.append(self._intern(lane, sorted(new), [], []))
         return templates
 
-    def _intern_args(self, lane: _Lane, fixes: list[tuple[int, Any]], out: list[bytes]) -> None:
+    def _intern_args(self, lane: _Lane, fixes: list[tuple[int, Any]], out: _Parts) -> None:
         keys: list[tuple[int, str]] = []
         cats: list[tuple[int, str]] = []
         for _, a in fixes:
@@ -591,33 +963,39 @@ class _Encoder:
         if keys or cats:
             out.append(self._intern(lane, [], keys, cats))
 
-    def _emit(self, parts: list[bytes], deltas: list[int], fixes: list[tuple[int, Any]], out: list[bytes]) -> None:
+    def _emit(self, parts: list[bytes], deltas: list[int], fixes: list[tuple[int, Any]], out: _Parts) -> None:
         """Template packets -> one `Trace` message per batch (parsed in one call), each packet's
         timestamp set, arguments added where spans have them, serialized once."""
-        key_iid, cat_iid = self.key_iid, self.cat_iid
         f = 0
         for lo in range(0, len(parts), _BATCH):
             hi = min(lo + _BATCH, len(parts))
-            batch = pb.Trace()
-            batch.MergeFromString(b"".join(parts[lo:hi]))
-            packets = batch.packet
-            for p, d in zip(packets, deltas[lo:hi]):
-                p.timestamp = d
+            mine = []
             while f < len(fixes) and fixes[f][0] < hi:
-                j, a = fixes[f]
+                mine.append((fixes[f][0] - lo, fixes[f][1]))
                 f += 1
-                a, cat = a if isinstance(a, tuple) else (a, None)
-                te = packets[j - lo].track_event
-                try:
-                    _annotate(te, a, key_iid)
-                except Exception:  # noqa: BLE001 - a value that cannot be written: its placeholder
-                    del te.debug_annotations[:]
-                    _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
-                if cat is not None:
-                    te.category_iids.append(cat_iid[cat])
-            out.append(batch.SerializeToString())
+            self._emit_batch(parts[lo:hi], deltas[lo:hi], mine, out)
 
-    def counters(self, trace: Trace, rows: Sequence[int], pid_of: dict[int, int], out: list[bytes]) -> None:
+    def _emit_batch(self, parts: list[bytes], deltas: list[int], fixes: list[tuple[int, Any]], out: _Parts) -> None:
+        """One batch of `_emit` (`fixes`: places in this batch)."""
+        key_iid, cat_iid = self.key_iid, self.cat_iid
+        batch = pb.Trace()
+        batch.MergeFromString(b"".join(parts))
+        packets = batch.packet
+        for p, d in zip(packets, deltas):
+            p.timestamp = d
+        for j, a in fixes:
+            a, cat = a if isinstance(a, tuple) else (a, None)
+            te = packets[j].track_event
+            try:
+                _annotate(te, a, key_iid)
+            except Exception:  # noqa: BLE001 - a value that cannot be written: its placeholder
+                del te.debug_annotations[:]
+                _annotate(te, {k: clean(v) for k, v in (a or {}).items()}, key_iid)
+            if cat is not None:
+                te.category_iids.append(cat_iid[cat])
+        out.append(batch.SerializeToString())
+
+    def counters(self, trace: Trace, rows: Sequence[int], pid_of: dict[int, int], out: _Parts) -> None:
         """Counter samples, a sequence per counter track (a counter track on its process)."""
         c = trace.counters
         by_track: dict[int, list[int]] = {}
@@ -649,6 +1027,27 @@ class _Encoder:
                 else:
                     te.double_counter_value = v
             out.append(batch.SerializeToString())
+
+
+#: Rows whose sort keys are made at a time while checking an order.
+_SLICE = 65536
+
+
+def _start_order(start: Sequence[int], end: Sequence[int], rows: Sequence[int]) -> Sequence[int]:
+    """`rows` stably sorted by start, the longer first at equal starts (the JSON importer's order
+    of a track's spans): `rows` itself where it is so already (spans that follow each other, as
+    a CUDA stream's do), else a new array."""
+    last = None
+    for lo in range(0, len(rows), _SLICE):
+        chunk = rows[lo : lo + _SLICE]
+        keys = [(s << 64) - (e - s) for s, e in zip(map(start.__getitem__, chunk), map(end.__getitem__, chunk))]
+        if (last is not None and keys[0] < last) or any(map(gt, keys, islice(keys, 1, None))):
+            break
+        last = keys[-1]
+    else:
+        return rows
+    keys = [(s << 64) - (e - s) for s, e in zip(map(start.__getitem__, rows), map(end.__getitem__, rows))]
+    return array("q", map(rows.__getitem__, sorted(range(len(rows)), key=keys.__getitem__)))
 
 
 def _annotate(te: Any, args: dict[str, Any] | None, key_iid: dict[str, int]) -> None:

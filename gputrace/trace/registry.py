@@ -28,7 +28,11 @@ categories and with only the arguments named in `keys`: plain lists of None but 
 None: no arguments, columns that take no memory, for validate's checks of names, tracks and
 times; both formats offer it). Within `only_args(keys)`, `read` reads that way where the format
 can: the statistics of `summary` and `view` look at three arguments of a span and at none of its
-categories, and a dict of arguments a span is most of a read trace's memory.
+categories, and a dict of arguments a span is most of a read trace's memory. For merge, written
+rank by rank: ``MergedWriter(f, base_ns, metadata, world_size)`` (a part's event lines encoded
+apart, `write`, `close`: JSON) or ``MergedPartsWriter(f)`` (each part `note`d as it is taken,
+then `close(metadata, parts)` writes the file from the parts given again in order: protobuf,
+whose file begins with what only the whole merged trace knows).
 
 The module is imported on first use, so `import gputrace` and the CLI's help never load protobuf.
 Adding a format: a module as above, and a `register(Format(...))` call below (or, for a format
