@@ -76,6 +76,11 @@ def _timed_against_torch(rec: record.Recorder, n: int = 8) -> list[tuple[float, 
     for _ in range(50):
         a @ a
     torch.cuda.synchronize()
+    # Work queued ahead: the spans' events and torch's then run back to back on the GPU, whatever
+    # the host does between their records (a torch Event makes its CUDA event at its first record,
+    # ~100 us that an idle GPU would show between the span's start and torch's).
+    for _ in range(10):
+        a @ a
     pairs = []
     for i in range(n):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
