@@ -16,14 +16,12 @@ import pytest
 
 from gputrace.trace.model import Process, Trace, Track
 
-BASE = 1_700_000_000_000_000_000
+# The readers' bound for one rank: 100 bytes an event or 1.5 times its file, whichever is larger,
+# and what one batch costs whatever the file's size.
+from .test_reader_memory import BASE, BATCH, PER_EVENT, PER_SIZE
+
 RANKS = 4
 EVENTS = 150_000  # a rank's spans
-#: The readers' bound for one rank (tests/test_reader_memory.py): 100 bytes an event or 1.5 times
-#: its file, whichever is larger, and what one batch costs whatever the file's size.
-PER_EVENT = 100
-PER_SIZE = 1.5
-BATCH = 32 << 20
 
 CHILD = r"""
 import json, sys
