@@ -5,7 +5,9 @@ validate and merge)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,3 +174,33 @@ def test_the_perfetto_format_and_the_layout_import_nothing_of_the_json_format() 
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not {m for m in imported if m and m.endswith("chrome")}, module.__name__
+
+
+def test_a_format_whose_read_spans_takes_no_keys_is_read_whole_for_the_statistics(
+    tmp_path: Path, toy: registry.Format, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_spans(path, data=None)`, as formats offered it before it took the arguments to keep:
+    `gputrace summary` reads such a file whole (its collectives and steps counted), rather than
+    calling it with keys it does not take, or through a read that keeps no argument."""
+    from click.testing import CliRunner
+
+    from gputrace.cli import main
+
+    calls: list[str] = []
+
+    def read_spans(path: str, data: bytes | None = None) -> Any:
+        calls.append(path)
+        return toy_format.read(path, data)
+
+    monkeypatch.setattr(toy_format, "read_spans", read_spans, raising=False)
+    gputrace.enable(cuda=False)
+    for _ in range(3):
+        with gputrace.span("step"):
+            with gputrace.span("all_reduce", collective=True):
+                pass
+    path = gputrace.save(str(tmp_path / "t.toy"))
+    res = CliRunner().invoke(main, ["summary", "--json", path])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["steps"]["count"] == 3 and got["collectives"], got.keys()
+    assert calls == []  # read whole, through `read`

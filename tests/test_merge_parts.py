@@ -68,3 +68,38 @@ def test_bad_input_is_one_line_and_nothing_is_written(ranks: Path, tmp_path: Pat
     )
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr
     assert not out.exists()
+
+
+def test_a_merge_into_a_folder_not_made_yet_makes_it(ranks: Path, tmp_path: Path) -> None:
+    """The spool lies beside the output: its folder is made first, as the output's would be."""
+    out = tmp_path / "new" / "deeper" / "m.pftrace"
+    r = CliRunner().invoke(main, ["merge", str(ranks), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert [p.name for p in out.parent.iterdir()] == ["m.pftrace"]
+
+
+def test_a_folder_that_refuses_the_spool_is_one_line(ranks: Path, tmp_path: Path) -> None:
+    """A spool that cannot be written (here its folder is a file's name) says so in one line."""
+    from gputrace.errors import GputraceError
+    from gputrace.merge.spool import Spool
+    from gputrace.trace.model import Trace
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(GputraceError, match=r"^cannot spool the merge's ranks in .*file, beside its output"):
+        Spool(str(tmp_path / "file")).add(Trace({}))
+
+
+def test_a_sparse_argument_column_comes_back_from_the_spool(tmp_path: Path) -> None:
+    from gputrace.merge.spool import Spool
+    from gputrace.trace.model import SparseArgs
+
+    part = rank_trace(0, steps=3, seed=1)
+    args = [None] * len(part.spans)
+    args[1] = {"k": 1}
+    part.spans.args = SparseArgs(args)
+    s = Spool(str(tmp_path))
+    s.add(part)
+    s.add(rank_trace(1, steps=3, seed=1))
+    back = next(s.parts())
+    assert list(back.spans.args)[1] == {"k": 1} and list(back.spans.args).count(None) == len(args) - 1
+    s.close()

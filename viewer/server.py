@@ -401,6 +401,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._trace_of(query, head)
         except GputraceError as e:  # the timeline's trace could not be read (changed or gone since)
             self._send(500, f"{e}\n".encode(), "text/plain; charset=utf-8", head)
+        except MemoryError as e:  # the whole read, late (the view's peak): one line, not a traceback
+            said = f"the timeline's trace could not be read: {type(e).__name__}: {e}"
+            self._send(500, f"{' '.join(said.split())}\n".encode(), "text/plain; charset=utf-8", head)
 
     def _trace_of(self, query: dict[str, list[str]], head: bool) -> None:
         v = self.viewer

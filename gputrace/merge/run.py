@@ -88,12 +88,16 @@ def prepare(
     """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing;
     `stash`: they are put aside there instead, and loaded from it when wanted)."""
     sources = []
+    since = 0
     for f in files:
         s = describe(f, rank_from_filename, keep=keep or stash is not None)
         if stash is not None and s.trace is not None and not keep:
             s.stashed = functools.partial(stash.get, stash.put(s.trace))
             s.trace = None
-            release_memory()
+            since += _file_bytes(f)
+            if since >= RELEASE_BYTES:  # as `run_groups`: a collection a rank is quadratic in ranks
+                release_memory()
+                since = 0
         sources.append(s)
     p = plan(sources, allow_mixed, sel.ranks)
     maps = alignment(p, align, align_on, occurrence, _read_and_keep if keep else read_source)
@@ -181,6 +185,13 @@ def _task(task: tuple[list[list[Source]], Context, Encode | None]) -> tuple[Any,
         return run_batch(batch, ctx, None, encode)
     finally:
         release_memory()
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _group_bytes(group: list[Source]) -> int:
@@ -433,6 +444,30 @@ def _merge_by_spool(
     writer and spooled to disk (the last one kept in memory), then the file written from the
     spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
     folder = os.path.dirname(os.path.abspath(out))
+    # The spool lies beside the output (as its temporary file does): the folder is made first,
+    # and a folder that refuses the spool is the command's one line, as a refused output is.
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise GputraceError(f"cannot write {out}: {e.strerror or e}") from None
+    return _spooled(writer, files, out, folder, align, align_on, occurrence, rank_from_filename, allow_mixed,
+                    sel, n_workers, progress)  # fmt: skip
+
+
+def _spooled(
+    writer: Any,
+    files: list[str],
+    out: str,
+    folder: str,
+    align: str,
+    align_on: str | None,
+    occurrence: int,
+    rank_from_filename: bool,
+    allow_mixed: bool,
+    sel: Selection,
+    n_workers: int,
+    progress: Progress | None,
+) -> dict[str, Any]:
     # A file read whole to be described is read once: kept (one file) or put aside on disk
     # (`stash`, when the groups are taken here) until it is taken.
     stash = Spool(folder) if n_workers <= 1 and len(files) > 1 else None
@@ -445,7 +480,7 @@ def _merge_by_spool(
         here = n_workers <= 1 or len(job.groups) < 2
         with atomic_writer(out) as f:
             w = writer(f)
-            k = 0
+            k = since = 0
             # Not `enumerate`: its reused result tuple would hold the part through the next read.
             for part, results in run_groups(job, None, None, n_workers, progress):
                 tally.add(results)
@@ -453,8 +488,10 @@ def _merge_by_spool(
                 last = here and k == len(job.groups) - 1
                 spool.add(part, keep=last)
                 del part
-                if not last:
+                since += _group_bytes(job.groups[k])
+                if not last and since >= RELEASE_BYTES:  # as `run_groups`, not a part at a time
                     release_memory()
+                    since = 0
                 k += 1
             # Raises before the file is published when a selection found nothing.
             meta = merged_metadata(job.plan, job.maps, sel, job.start, job.plan.notes + tally.notes(sel))

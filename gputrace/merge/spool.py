@@ -15,6 +15,7 @@ Columns go as their raw bytes (40 bytes a span); the arguments and categories as
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
@@ -22,6 +23,7 @@ from array import array
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from gputrace.errors import GputraceError
 from gputrace.trace.model import SpanColumns, Trace, _NoCats
 
 #: Rows of arguments (or categories) pickled at a time.
@@ -46,17 +48,30 @@ class Spool:
         if keep and not self._count:
             self._kept = part
             return
-        _write(self._open(), part)
+        with self._refused():
+            _write(self._open(), part)
         self._count += 1
 
     def put(self, trace: Trace) -> int:
         """Put `trace` aside (the caller drops it); gives where, for `get`. A spool either takes
         parts in order (`add`) or puts traces aside, not both."""
-        f = self._open()
-        f.seek(0, os.SEEK_END)
-        at = f.tell()
-        _write(f, trace)
+        with self._refused():
+            f = self._open()
+            f.seek(0, os.SEEK_END)
+            at = f.tell()
+            _write(f, trace)
         return at
+
+    @contextlib.contextmanager
+    def _refused(self) -> Iterator[None]:
+        """A folder that refuses the spool (read-only, full) is one line, as a refused output is."""
+        try:
+            yield
+        except OSError as e:
+            where = self.directory or tempfile.gettempdir()
+            raise GputraceError(
+                f"cannot spool the merge's ranks in {where}, beside its output: {e.strerror or e}"
+            ) from None
 
     def get(self, at: int) -> Trace:
         """The trace put aside at `at` (read again each time)."""
@@ -104,7 +119,7 @@ def _write(f: BinaryIO, part: Trace) -> None:
         if c is not None:
             f.write(memoryview(c).cast("B"))  # no copy of the column
     for rows in (sp.args, sp.cat):
-        blank = isinstance(rows, _NoCats)  # a column of None that takes no memory
+        blank = type(rows) is _NoCats  # a column of None that takes no memory (not SparseArgs, one of them)
         pickle.dump(blank, f)
         if not blank:
             for lo in range(0, len(rows), SLICE):

@@ -27,7 +27,8 @@ one batch), and ``read_spans(path, data=None, keys=None)`` (`read` without the s
 categories and with only the arguments named in `keys`: plain lists of None but for those; `keys`
 None: no arguments, columns that take no memory, for validate's checks of names, tracks and
 times; both formats offer it). Within `only_args(keys)`, `read` reads that way where the format
-can: the statistics of `summary` and `view` look at three arguments of a span and at none of its
+can (a `read_spans` without the `keys` parameter, written before it had one, is left alone: the
+file is read whole): the statistics of `summary` and `view` look at three arguments of a span and at none of its
 categories, and a dict of arguments a span is most of a read trace's memory. For merge, written
 rank by rank: ``MergedWriter(f, base_ns, metadata, world_size)`` (a part's event lines encoded
 apart, `write`, `close`: JSON) or ``MergedPartsWriter(f)`` (each part `note`d as it is taken,
@@ -46,6 +47,7 @@ import contextvars
 import dataclasses
 import glob
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
@@ -95,9 +97,21 @@ class Format:
 
     def read(self, path: str, data: bytes | None = None) -> Trace:
         keys = _ONLY_ARGS.get()
-        lean = self.capability("read_spans", path) if keys is not None else None
-        trace: Trace = lean(path, data, keys) if lean is not None else self._reader(path).read(path, data)
+        lean = self._read_keeping(path) if keys is not None else None
+        trace: Trace = lean(path, data, keys=keys) if lean is not None else self._reader(path).read(path, data)
         return trace
+
+    def _read_keeping(self, path: str) -> Callable[..., Any] | None:
+        """The format's `read_spans` where it takes `keys`, else None (read whole: one that takes
+        none would keep no argument, and the statistics need three)."""
+        fn = self.capability("read_spans", path)
+        if fn is None:
+            return None
+        try:
+            takes = "keys" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # no signature to read (a C function): not known to take it
+            return None
+        return fn if takes else None
 
     def read_header(self, path: str) -> dict[str, Any]:
         header: dict[str, Any] = self._reader(path).read_header(path)
