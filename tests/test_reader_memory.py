@@ -152,10 +152,11 @@ def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
-from gputrace import summary
+from gputrace import heap, summary
 from gputrace.trace import chrome, perfetto  # the readers' imports before the measure
 from gputrace.viewer import data
 op, path = sys.argv[1], sys.argv[2]
+heap.map_large_blocks()  # as the commands (gputrace summary, gputrace view) set it
 before = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM from here
