@@ -10,7 +10,11 @@ touches the disk.
 
 The file is unnamed (`tempfile.TemporaryFile`): it goes away when closed, or with the process.
 Columns go as their raw bytes (40 bytes a span); the arguments and categories as pickles of
-`SLICE` rows each, so the pickler's memo of one slice is all it holds.
+`SLICE` rows each, so the pickler's memo of one slice is all it holds. The output's folder so
+needs room for the parts beside the output, ~40 bytes a span and their arguments (twice that for
+protobuf inputs, which are put aside there too while they are described); a folder on tmpfs
+holds them in memory. The writer keeps every part's counters and other tools' events until it
+closes (`perfetto.MergedPartsWriter`): memory is one part's spans plus those.
 """
 
 from __future__ import annotations
