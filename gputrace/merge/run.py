@@ -58,6 +58,22 @@ BATCH_BYTES = 8 << 20
 #: Freed memory is handed back to the OS after about this much input (not after every small rank:
 #: a collection costs milliseconds).
 RELEASE_BYTES = 32 << 20
+
+
+class _Releaser:
+    """`release_memory` once every RELEASE_BYTES of input taken: a full collection a rank would
+    make a merge of many small ranks quadratic in them."""
+
+    def __init__(self) -> None:
+        self.since = 0
+
+    def took(self, nbytes: int, release: bool = True) -> None:
+        self.since += nbytes
+        if release and self.since >= RELEASE_BYTES:
+            release_memory()
+            self.since = 0
+
+
 #: Inputs smaller than this are read in this process (see `workers_for`).
 PARALLEL_MIN_BYTES = 64 << 20
 
@@ -88,16 +104,13 @@ def prepare(
     """Describe, check and align `files` (`keep`: traces read whole stay in memory for placing;
     `stash`: they are put aside there instead, and loaded from it when wanted)."""
     sources = []
-    since = 0
+    releaser = _Releaser()
     for f in files:
         s = describe(f, rank_from_filename, keep=keep or stash is not None)
         if stash is not None and s.trace is not None and not keep:
             s.stashed = functools.partial(stash.get, stash.put(s.trace))
             s.trace = None
-            since += _file_bytes(f)
-            if since >= RELEASE_BYTES:  # as `run_groups`: a collection a rank is quadratic in ranks
-                release_memory()
-                since = 0
+            releaser.took(_file_bytes(f))
         sources.append(s)
     p = plan(sources, allow_mixed, sel.ranks)
     maps = alignment(p, align, align_on, occurrence, _read_and_keep if keep else read_source)
@@ -212,15 +225,12 @@ def run_groups(
     all_groups = job.groups
     sizes = [_group_bytes(g) for g in all_groups]
     if workers <= 1 or len(all_groups) < 2:
-        since = 0
+        releaser = _Releaser()
         for i, g in enumerate(all_groups):
             if progress:
                 progress(_group_label(g), i, len(all_groups))
             yield run_batch([g], job.context, out, None) if encode is None else _encoded_here(g, job.context, encode)
-            since += sizes[i]
-            if encode is not None and since >= RELEASE_BYTES:
-                release_memory()
-                since = 0
+            releaser.took(sizes[i], encode is not None)
         return
     for g in all_groups:
         for s in g:
@@ -442,7 +452,8 @@ def _merge_by_spool(
     """The merged trace written through the format's `MergedPartsWriter` (a file that begins with
     what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
     writer and spooled to disk (the last one kept in memory), then the file written from the
-    spool a part at a time. Memory: about one group's trace, whatever the number of ranks."""
+    spool a part at a time. Memory: about one group's trace, whatever the number of ranks, and
+    every group's counters and other tools' events, which the writer keeps until it closes."""
     folder = os.path.dirname(os.path.abspath(out))
     # The spool lies beside the output (as its temporary file does): the folder is made first,
     # and a folder that refuses the spool is the command's one line, as a refused output is.
@@ -450,24 +461,6 @@ def _merge_by_spool(
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         raise GputraceError(f"cannot write {out}: {e.strerror or e}") from None
-    return _spooled(writer, files, out, folder, align, align_on, occurrence, rank_from_filename, allow_mixed,
-                    sel, n_workers, progress)  # fmt: skip
-
-
-def _spooled(
-    writer: Any,
-    files: list[str],
-    out: str,
-    folder: str,
-    align: str,
-    align_on: str | None,
-    occurrence: int,
-    rank_from_filename: bool,
-    allow_mixed: bool,
-    sel: Selection,
-    n_workers: int,
-    progress: Progress | None,
-) -> dict[str, Any]:
     # A file read whole to be described is read once: kept (one file) or put aside on disk
     # (`stash`, when the groups are taken here) until it is taken.
     stash = Spool(folder) if n_workers <= 1 and len(files) > 1 else None
@@ -480,7 +473,8 @@ def _spooled(
         here = n_workers <= 1 or len(job.groups) < 2
         with atomic_writer(out) as f:
             w = writer(f)
-            k = since = 0
+            k = 0
+            releaser = _Releaser()
             # Not `enumerate`: its reused result tuple would hold the part through the next read.
             for part, results in run_groups(job, None, None, n_workers, progress):
                 tally.add(results)
@@ -488,10 +482,7 @@ def _spooled(
                 last = here and k == len(job.groups) - 1
                 spool.add(part, keep=last)
                 del part
-                since += _group_bytes(job.groups[k])
-                if not last and since >= RELEASE_BYTES:  # as `run_groups`, not a part at a time
-                    release_memory()
-                    since = 0
+                releaser.took(_group_bytes(job.groups[k]), not last)
                 k += 1
             # Raises before the file is published when a selection found nothing.
             meta = merged_metadata(job.plan, job.maps, sel, job.start, job.plan.notes + tally.notes(sel))
