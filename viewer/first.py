@@ -26,12 +26,9 @@ from itertools import accumulate, compress, islice, repeat
 from operator import and_, eq, itemgetter, le
 from typing import Any
 
-import orjson
-
 from gputrace import stats
 from gputrace.errors import GputraceError
 from gputrace.trace import digestfile
-from gputrace.trace.files import read_bytes
 
 from . import data, findings
 
@@ -98,7 +95,7 @@ def _read(trace_path: str, digest_path: str, step: str) -> _Rank | None:
     """The rank's digest, when it is one that `summary.collect` would read as it is (fresh, of
     these steps, of the current version), else None."""
     try:
-        doc = orjson.loads(read_bytes(digest_path))
+        doc = digestfile.read_document(digest_path)
         if not isinstance(doc, dict):
             return None
         spans = doc.get("spans")

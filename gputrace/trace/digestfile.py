@@ -114,12 +114,17 @@ class DamagedDigest(TraceFormatError):
 def read(path: str) -> RankDigest:
     """The digest at `path`. `TraceFormatError` when it is not one of this version (cut short,
     not JSON), `DamagedDigest` when it is but is wrong inside."""
+    return from_document(read_document(path), path)
+
+
+def read_document(path: str) -> Any:
+    """The digest file at `path` parsed, not yet checked (`from_document` checks it; the viewer's
+    first document checks only the rows it takes). `TraceFormatError` when it is not JSON."""
     data = read_bytes(path)
     try:
-        doc = orjson.loads(data)
+        return orjson.loads(data)
     except (orjson.JSONDecodeError, RecursionError):
         raise TraceFormatError(path, "not a gputrace digest (not valid JSON); delete it, or pass --full") from None
-    return from_document(doc, path)
 
 
 def from_document(doc: Any, path: str) -> RankDigest:
