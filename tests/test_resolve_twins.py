@@ -293,7 +293,9 @@ def test_nested_pieces_take_the_c_path(seed: int, monkeypatch: pytest.MonkeyPatc
     with monkeypatch.context() as m:
         m.setattr(chrome, "_encode_rows", lambda *a: calls.append(1) or real(*a))
         c = encodings(trace, 5)
-    assert len(calls) >= 6  # the whole trace, and each of the 5 appends (twice where orjson refuses args)
+    # The whole trace, and the appends whose spans all lie on lane 0 (one call each: args orjson
+    # refuses are cleaned a dict at a time, not by a second pass).
+    assert len(calls) >= 5
     with monkeypatch.context() as m:
         m.setattr(chrome, "_encode_rows", None)
         m.setattr(layout, "_nest_tracks", None)

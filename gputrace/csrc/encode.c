@@ -567,147 +567,230 @@ static int put_args(Buf *b, PyObject *a) {
 }
 
 PyDoc_STRVAR(encode_rows_doc,
-             "encode_rows($module, name_json, names, tracks, starts, ends, args, dump, track_info, pid, base, /)\n"
+             "encode_rows($module, name_json, names, tracks, starts, ends, args, dump, track_info, pid, base, entry=None, launch_tid=0, first_flow=0, write=None, /)\n"
              "--\n\n"
              "The X events of one piece whose spans all lie on lane 0 of their track, from the columns\n"
              "(array.array 'l', 'l', 'q', 'q'; `args` a list): each event followed by `,\\n`. `track_info(t)`\n"
              "gives (tid, cat JSON) of each track, asked once per track in the order the tracks first\n"
              "appear; `dump(args)` gives an args dict's JSON. With `entry` (array 'q' of host entry ns, 0:\n"
-             "none), `launch_tid` and `first_flow`, each span with an entry gets its launch arrow.");
+             "none), `launch_tid` and `first_flow`, each span with an entry gets its launch arrow. With\n"
+             "`write`, the bytes go to it in chunks of about 64 KiB and None is returned.");
+
+/* The chunk handed to `write`: small enough that malloc takes it from the heap and reuses it
+ * (below glibc's least mmap threshold): a saved trace's bytes never pass through fresh pages
+ * in this process, which cost on these VMs about as much as encoding them. */
+#define ROWS_CHUNK (1 << 16)
+
+/* A decimal counter kept as its digits (the flow ids: two a span, each one more than the last). */
+typedef struct {
+    char d[24];
+    int n; /* digits in d[24 - n .. 23] */
+} Dec;
+
+static void dec_set(Dec *c, unsigned long long v) {
+    c->n = 0;
+    do {
+        c->d[23 - c->n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+}
+
+static void dec_inc(Dec *c) {
+    int i = 23;
+    while (i >= 24 - c->n && c->d[i] == '9') c->d[i--] = '0';
+    if (i >= 24 - c->n) c->d[i]++;
+    else c->d[23 - c->n++] = '1';
+}
+
+/* `write(chunk)` with the buffer's bytes, the buffer then empty. */
+static int rows_emit(Buf *b, PyObject *write) {
+    if (!b->len) return 0;
+    PyObject *chunk = PyBytes_FromStringAndSize(b->p, (Py_ssize_t)b->len);
+    if (!chunk) return -1;
+    PyObject *r = PyObject_CallFunctionObjArgs(write, chunk, NULL);
+    Py_DECREF(chunk);
+    if (!r) return -1;
+    Py_DECREF(r);
+    b->len = 0;
+    return 0;
+}
+
+/* What each track's events start with, made once: `,"pid":P,"tid":T,"ts":` and its cat. */
+typedef struct {
+    char mid[64];
+    size_t midn;
+    const char *cat;
+    size_t catn;
+} TrackText;
+
+static size_t mid_text(char *out, long long pid, long long tid) {
+    Buf m = {out, 0, 64};
+    RAW_LIT(&m, ",\"pid\":");
+    raw_u(&m, (unsigned long long)pid);
+    RAW_LIT(&m, ",\"tid\":");
+    raw_u(&m, (unsigned long long)tid);
+    RAW_LIT(&m, ",\"ts\":");
+    return m.len;
+}
 
 static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
     PyObject *name_json, *names_a, *tracks_a, *starts_a, *ends_a, *argl, *dump, *track_info, *entry_a = Py_None;
+    PyObject *write = Py_None;
     long long pid, base, launch_tid = 0, flow = 0;
-    if (!PyArg_ParseTuple(args, "O!OOOOO!OOLL|OLL", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a, &ends_a,
-                          &PyList_Type, &argl, &dump, &track_info, &pid, &base, &entry_a, &launch_tid, &flow))
+    if (!PyArg_ParseTuple(args, "O!OOOOO!OOLL|OLLO", &PyList_Type, &name_json, &names_a, &tracks_a, &starts_a,
+                          &ends_a, &PyList_Type, &argl, &dump, &track_info, &pid, &base, &entry_a, &launch_tid, &flow,
+                          &write))
         return NULL;
-    Py_ssize_t n, n0, n1, n2, n3 = 0;
-    PyObject *nb = gt_array_bytes(names_a, sizeof(long), &n0);
-    PyObject *tb = nb ? gt_array_bytes(tracks_a, sizeof(long), &n) : NULL;
-    PyObject *sb = tb ? gt_array_bytes(starts_a, sizeof(long long), &n1) : NULL;
-    PyObject *eb = sb ? gt_array_bytes(ends_a, sizeof(long long), &n2) : NULL;
-    PyObject *xb = NULL; /* the entries, when given */
-    if (eb && entry_a != Py_None) {
-        xb = gt_array_bytes(entry_a, sizeof(long long), &n3);
-        if (!xb) {
-            Py_DECREF(eb);
-            eb = NULL;
-        }
+    if (write != Py_None && !PyCallable_Check(write)) {
+        PyErr_SetString(PyExc_TypeError, "encode_rows: write must be callable or None");
+        return NULL;
     }
+    if (pid < 0 || launch_tid < 0 || flow < 0) {
+        PyErr_SetString(PyExc_ValueError, "encode_rows: a negative pid, tid or flow id");
+        return NULL;
+    }
+    Py_ssize_t n, n0, n1, n2, n3 = 0;
+    PyObject *keep[5] = {NULL, NULL, NULL, NULL, NULL}; /* the columns' copies, where they were copied */
+    const long long *nm = NULL, *tr = NULL; /* 8-byte items: gt_column_items checks */
+    const long long *st = NULL, *en = NULL, *ent = NULL;
     PyObject *result = NULL;
-    Buf b = {NULL, 0, 0}, pre = {NULL, 0, 0}; /* pre: the start of the last event (its name and track) */
-    long pre_name = -1, pre_track = -1;
-    long long *tidv = NULL;
-    PyObject **catv = NULL;
-    long ntr = 0;
-    if (!eb) goto done;
-    if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n || (xb && n3 != n)) {
+    Buf b = {NULL, 0, 0};
+    TrackText *tt = NULL;
+    const char **namep = NULL;
+    size_t *namen = NULL;
+    long long ntr = 0;
+    if (!(nm = gt_column_items(names_a, &n0, &keep[0])) || !(tr = gt_column_items(tracks_a, &n, &keep[1])) ||
+        !(st = gt_column_items(starts_a, &n1, &keep[2])) || !(en = gt_column_items(ends_a, &n2, &keep[3])))
+        goto done;
+    if (entry_a != Py_None && !(ent = gt_column_items(entry_a, &n3, &keep[4]))) goto done;
+    if (n0 != n || n1 != n || n2 != n || PyList_Size(argl) != n || (ent && n3 != n)) {
         PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
         goto done;
     }
-    const long long *ent = xb ? (const long long *)PyBytes_AsString(xb) : NULL;
-    const long *nm = (const long *)PyBytes_AsString(nb);
-    const long *tr = (const long *)PyBytes_AsString(tb);
-    const long long *st = (const long long *)PyBytes_AsString(sb);
-    const long long *en = (const long long *)PyBytes_AsString(eb);
     Py_ssize_t nnames = PyList_Size(name_json);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (tr[i] < 0) { PyErr_SetString(PyExc_ValueError, "encode_rows: a negative track"); goto done; }
         if (tr[i] >= ntr) ntr = tr[i] + 1;
+        if (nm[i] < 0 || nm[i] >= nnames) {
+            PyErr_SetString(PyExc_ValueError, "encode_rows: a name index out of range");
+            goto done;
+        }
     }
-    tidv = PyMem_Malloc(sizeof(long long) * (size_t)(ntr ? ntr : 1));
-    catv = PyMem_Calloc((size_t)(ntr ? ntr : 1), sizeof(PyObject *));
-    if (!tidv || !catv) { PyErr_NoMemory(); goto done; }
+    tt = PyMem_Calloc((size_t)(ntr ? ntr : 1), sizeof(TrackText));
+    namep = PyMem_Calloc((size_t)(nnames ? nnames : 1), sizeof(char *));
+    namen = PyMem_Calloc((size_t)(nnames ? nnames : 1), sizeof(size_t));
+    if (!tt || !namep || !namen) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) { /* each track's tid and cat, asked in first-seen order */
-        if (catv[tr[i]]) continue;
-        PyObject *t = PyLong_FromLong(tr[i]);
-        PyObject *info = t ? PyObject_CallFunctionObjArgs(track_info, t, NULL) : NULL;
-        Py_XDECREF(t);
+        TrackText *t = &tt[tr[i]];
+        if (t->cat) continue;
+        PyObject *k = PyLong_FromLongLong(tr[i]);
+        PyObject *info = k ? PyObject_CallFunctionObjArgs(track_info, k, NULL) : NULL;
+        Py_XDECREF(k);
         if (!info) goto done;
         if (!PyTuple_Check(info) || PyTuple_Size(info) != 2 || !PyBytes_Check(PyTuple_GetItem(info, 1))) {
             Py_DECREF(info);
             PyErr_SetString(PyExc_TypeError, "encode_rows: track_info must give (tid, cat bytes)");
             goto done;
         }
-        tidv[tr[i]] = PyLong_AsLongLong(PyTuple_GetItem(info, 0));
-        catv[tr[i]] = Py_NewRef(PyTuple_GetItem(info, 1));
+        long long tid = PyLong_AsLongLong(PyTuple_GetItem(info, 0));
+        PyObject *cat = PyTuple_GetItem(info, 1);
+        /* The cat stays alive in the trace's writer (a constant); kept by the tuple until here, so
+         * copied: a cat is a short literal. */
+        Py_ssize_t cn = PyBytes_Size(cat);
+        char *cp = PyMem_Malloc((size_t)cn + 1);
+        if (cp) memcpy(cp, PyBytes_AsString(cat), (size_t)cn);
         Py_DECREF(info);
-        if (tidv[tr[i]] == -1 && PyErr_Occurred()) goto done;
+        if (!cp) { PyErr_NoMemory(); goto done; }
+        t->cat = cp;
+        t->catn = (size_t)cn;
+        if (tid == -1 && PyErr_Occurred()) goto done;
+        if (tid < 0) { PyErr_SetString(PyExc_ValueError, "encode_rows: a negative tid"); goto done; }
+        t->midn = mid_text(t->mid, pid, tid);
     }
-    if (buf_reserve(&b, (size_t)n * 96) < 0) goto done;
+    char launch_mid[64];
+    size_t launch_midn = mid_text(launch_mid, pid, launch_tid);
+    Dec fl;
+    dec_set(&fl, (unsigned long long)flow);
+    if (buf_reserve(&b, write != Py_None ? ROWS_CHUNK + 4096 : (size_t)n * 96 + 1) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         long long ts = st[i] - base, dur = en[i] - st[i];
         if (ts < 0 || dur < 0) {
             PyErr_SetString(PyExc_ValueError, "a span starts before the trace's base or ends before it starts");
             goto done;
         }
-        if (nm[i] < 0 || nm[i] >= nnames) {
-            PyErr_SetString(PyExc_ValueError, "encode_rows: a name index out of range");
-            goto done;
+        if (!namep[nm[i]]) {
+            char *p;
+            Py_ssize_t pn;
+            if (PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &p, &pn) < 0) goto done;
+            namep[nm[i]] = p; /* the list holds the bytes for the whole call */
+            namen[nm[i]] = (size_t)pn;
         }
-        if (nm[i] != pre_name || tr[i] != pre_track) { /* the event's start, made once a run */
-            char *cat, *name;
-            Py_ssize_t catn, namen;
-            if (PyBytes_AsStringAndSize(catv[tr[i]], &cat, &catn) < 0 ||
-                PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0)
-                goto done;
-            /* the literals (45 bytes), two numbers (at most 24 bytes each), the cat and the name */
-            Buf p = {NULL, 0, 0};
-            if (buf_reserve(&p, 100 + (size_t)catn + (size_t)namen) < 0) goto done;
-            RAW_LIT(&p, "{\"ph\":\"X\",\"cat\":");
-            raw_put(&p, cat, (size_t)catn);
-            RAW_LIT(&p, ",\"name\":");
-            raw_put(&p, name, (size_t)namen);
-            RAW_LIT(&p, ",\"pid\":");
-            raw_u(&p, (unsigned long long)pid);
-            RAW_LIT(&p, ",\"tid\":");
-            raw_u(&p, (unsigned long long)tidv[tr[i]]);
-            RAW_LIT(&p, ",\"ts\":");
-            PyMem_Free(pre.p);
-            pre = p;
-            pre_name = nm[i];
-            pre_track = tr[i];
+        const char *name = namep[nm[i]];
+        size_t nn = namen[nm[i]];
+        const TrackText *t = &tt[tr[i]];
+        int arrow = ent && ent[i] > 0;
+        /* the literals (at most ~90 bytes), six numbers (at most 24 bytes each), the names and cat */
+        if (buf_reserve(&b, 256 + 2 * nn + t->catn) < 0) goto done;
+        if (arrow) { /* the source of its launch arrow, as chrome.launch_event writes it */
+            long long e = ent[i], at = e < st[i] - 1 ? e : st[i] - 1;
+            if (at < base) at = base;
+            RAW_LIT(&b, "{\"ph\":\"X\",\"cat\":\"launch\",\"name\":");
+            raw_put(&b, name, nn);
+            raw_put(&b, launch_mid, launch_midn);
+            raw_us(&b, (unsigned long long)(at - base));
+            RAW_LIT(&b, ",\"dur\":0.000,\"bind_id\":");
+            raw_put(&b, fl.d + 24 - fl.n, (size_t)fl.n);
+            RAW_LIT(&b, ",\"flow_out\":true");
+            if (at != e) {
+                RAW_LIT(&b, ",\"args\":{\"entry_ns\":");
+                raw_u(&b, (unsigned long long)e);
+                RAW_LIT(&b, "}");
+            }
+            RAW_LIT(&b, "},\n");
         }
-        if (ent && ent[i] > 0) {
-            char *name;
-            Py_ssize_t namen;
-            if (PyBytes_AsStringAndSize(PyList_GetItem(name_json, nm[i]), &name, &namen) < 0 ||
-                put_launch(&b, name, (size_t)namen, pid, launch_tid, ent[i], st[i], base, flow) < 0 ||
-                PUT_LIT(&b, ",\n") < 0)
-                goto done;
-        }
-        /* the start, two numbers (at most 24 bytes each) and the literals after them */
-        if (buf_reserve(&b, pre.len + 80) < 0) goto done;
-        raw_put(&b, pre.p, pre.len);
+        RAW_LIT(&b, "{\"ph\":\"X\",\"cat\":");
+        raw_put(&b, t->cat, t->catn);
+        RAW_LIT(&b, ",\"name\":");
+        raw_put(&b, name, nn);
+        raw_put(&b, t->mid, t->midn);
         raw_us(&b, (unsigned long long)ts);
         RAW_LIT(&b, ",\"dur\":");
         raw_us(&b, (unsigned long long)dur);
         PyObject *a = PyList_GetItem(argl, i);
-        int truthy = a == Py_None ? 0 : PyObject_IsTrue(a);
-        if (truthy < 0) goto done;
-        if (truthy) {
-            PyObject *j = PyObject_CallFunctionObjArgs(dump, a, NULL);
-            if (!j) goto done;
-            int r = PUT_LIT(&b, ",\"args\":") < 0 || put_args(&b, j) < 0;
-            Py_DECREF(j);
-            if (r) goto done;
+        if (a != Py_None) {
+            int truthy = PyObject_IsTrue(a);
+            if (truthy < 0) goto done;
+            if (truthy) {
+                PyObject *j = PyObject_CallFunctionObjArgs(dump, a, NULL);
+                if (!j) goto done;
+                int r = PUT_LIT(&b, ",\"args\":") < 0 || put_args(&b, j) < 0;
+                Py_DECREF(j);
+                if (r || buf_reserve(&b, 64) < 0) goto done;
+            }
         }
-        if (ent && ent[i] > 0 && put_flow_in(&b, flow++) < 0) goto done;
-        if (PUT_LIT(&b, "},\n") < 0) goto done;
+        if (arrow) {
+            RAW_LIT(&b, ",\"bind_id\":");
+            raw_put(&b, fl.d + 24 - fl.n, (size_t)fl.n);
+            RAW_LIT(&b, ",\"flow_in\":true");
+            dec_inc(&fl);
+        }
+        RAW_LIT(&b, "},\n");
+        if (write != Py_None && b.len >= ROWS_CHUNK && rows_emit(&b, write) < 0) goto done;
     }
-    result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
+    if (write != Py_None) {
+        if (rows_emit(&b, write) < 0) goto done;
+        result = Py_NewRef(Py_None);
+    } else {
+        result = PyBytes_FromStringAndSize(b.p ? b.p : "", (Py_ssize_t)b.len);
+    }
 done:
     PyMem_Free(b.p);
-    PyMem_Free(pre.p);
-    PyMem_Free(tidv);
-    if (catv)
-        for (long t = 0; t < ntr; t++) Py_XDECREF(catv[t]);
-    PyMem_Free(catv);
-    Py_XDECREF(nb);
-    Py_XDECREF(tb);
-    Py_XDECREF(sb);
-    Py_XDECREF(eb);
-    Py_XDECREF(xb);
+    if (tt)
+        for (long long k = 0; k < ntr; k++) PyMem_Free((void *)tt[k].cat);
+    PyMem_Free(tt);
+    PyMem_Free((void *)namep);
+    PyMem_Free(namen);
+    for (int k = 0; k < 5; k++) Py_XDECREF(keep[k]);
     return result;
 }
 
@@ -731,12 +814,31 @@ static PyObject *hot_column_range(PyObject *self, PyObject *col) {
     return Py_BuildValue("(LL)", lo, hi);
 }
 
+PyDoc_STRVAR(entries_range_doc,
+             "entries_range(column, /)\n--\n\n"
+             "(how many items are > 0, the least item that is not 0, or 0) of an array('q') column of host\n"
+             "entry times (0: none): layout.entries_range without a Python int per item.");
+static PyObject *hot_entries_range(PyObject *self, PyObject *col) {
+    Py_ssize_t n, count = 0;
+    PyObject *b;
+    const long long *v = gt_column_items(col, &n, &b);
+    if (!v) return NULL;
+    long long least = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        count += v[i] > 0;
+        if (v[i] && (!least || v[i] < least)) least = v[i];
+    }
+    Py_XDECREF(b);
+    return Py_BuildValue("(nL)", count, least);
+}
+
 static PyMethodDef encode_methods[] = {
     {"layout", hot_layout, METH_VARARGS, layout_doc},
     {"nest_tracks", hot_nest_tracks, METH_VARARGS, nest_tracks_doc},
     {"encode_rows", hot_encode_rows, METH_VARARGS, encode_rows_doc},
     {"encode_events", hot_encode_events, METH_VARARGS, encode_events_doc},
     {"column_range", hot_column_range, METH_O, column_range_doc},
+    {"entries_range", hot_entries_range, METH_O, entries_range_doc},
     {NULL},
 };
 

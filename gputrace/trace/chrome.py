@@ -56,6 +56,7 @@ from gputrace.trace.layout import (
     LAUNCH_SORT,
     LAUNCH_TRACK,
     ProcessLayout,
+    entries_range,
     is_columns,
     lane_name,
     lane_sort,
@@ -1060,9 +1061,7 @@ def _encode_piece(
     launch: tuple[Any, ...] = ()
     if sp.entry is not None:
         entry = sp.entry[lo:hi]
-        n = len(entry) - entry.count(0)
-        if n and min(entry) < 0:  # not a time: counted as the loops count it (no arrow)
-            n = sum(map((0).__lt__, entry))
+        n = entries_range(entry)[0]  # a negative entry is not a time: no arrow, as in the loops
         if n:  # the launch track is asked for first, as in encode_spans' loop
             launch = (entry, writer.launch_tid(meta), writer.flow_ids(n))
 
@@ -1075,16 +1074,21 @@ def _encode_piece(
         name_json.append(dumps(names[len(name_json)]))
     args = sp.args[lo:hi]
     enc = (name_json, sp.name[lo:hi], tracks, starts, ends, args)
-    try:  # as _args_json: orjson for every args dict, or the cleaning dumps for all when one fails
-        body = _encode_rows(*enc, _orjson_args, track_info, writer.pid, base_ns, *launch)
-    except (TypeError, orjson.JSONEncodeError):
-        body = _encode_rows(*enc, dumps, track_info, writer.pid, base_ns, *launch)
-    out.extend(meta)  # new tracks' metadata first (a retry finds its tracks named already)
-    out.append(body)
+    # The body comes in chunks of ~64 KiB, which a save writes as they come (`out` writes them
+    # through): one bytes object a piece would pass through fresh pages, as dear as encoding it.
+    # New tracks' metadata first: `track_info` has described them all before the first chunk.
+    described: list[bool] = []
 
+    def emit(chunk: bytes) -> None:
+        if not described:
+            described.append(True)
+            out.extend(meta)
+        out.append(chunk)
 
-def _orjson_args(a: dict[str, Any]) -> bytes:
-    return orjson.dumps(a, default=repr)
+    # `dumps` is orjson's bytes wherever orjson takes the args, and cleans them only where not.
+    _encode_rows(*enc, dumps, track_info, writer.pid, base_ns, *(launch or (None, 0, 0)), emit)
+    if not described:
+        out.extend(meta)
 
 
 def _args_json(args: list[dict[str, Any] | None]) -> list[bytes | None]:
@@ -1122,10 +1126,27 @@ def encode_extra(trace: Trace, pid_of: dict[int, int], base_ns: int, out: list[b
         out.append(dumps(ev) + b",\n")
 
 
-def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False) -> Iterator[bytes]:
+class _Through:
+    """A list of encoded bytes to `encode_spans` (`append`, `extend`) that writes them at once."""
+
+    def __init__(self, write: Callable[[bytes], object]) -> None:
+        self.append = write
+
+    def extend(self, parts: Iterable[bytes]) -> None:
+        for p in parts:
+            self.append(p)
+
+
+def iter_encode(
+    trace: Trace, base_ns: int | None = None, ordered: bool = False, write: Callable[[bytes], object] | None = None
+) -> Iterator[bytes]:
     """The whole trace as object-form JSON, in pieces (memory: one piece of bytes at a time
     beyond the columns and one lane per span). `ordered`: the spans of each track are stored in
     the order they ended (a recorder's are), so no sort is needed before laying them out.
+    `write`: the spans' events go there as they are encoded (the C encoder's chunks of ~64 KiB,
+    written while the next is made: no piece is ever held whole, so a save's bytes reuse the
+    same memory instead of passing through fresh pages, which cost as much as encoding them);
+    the rest is yielded, for the caller to write with the same `write` before it asks for more.
 
     The layout runs first, so the header can say how many overflow tracks there are."""
     plan = plan_write(trace, base_ns, ordered, writer=ProcessWriter)
@@ -1133,6 +1154,9 @@ def iter_encode(trace: Trace, base_ns: int | None = None, ordered: bool = False)
     yield header_bytes(base_ns, plan.metadata, plan.rank, plan.world_size)
     yield b"".join(w.process_events() for w in plan.writers.values())
     for w, rows, lanes in plan.pieces:
+        if write is not None:
+            encode_spans(trace, rows, w, base_ns, _Through(write), lanes)  # type: ignore[arg-type]
+            continue
         out: list[bytes] = []
         encode_spans(trace, rows, w, base_ns, out, lanes)
         yield b"".join(out)
@@ -1154,7 +1178,7 @@ def write(
     while the file reaches the disk."""
     with atomic_writer(path, meanwhile=meanwhile) as f:
         with writes_behind(f) as write:  # the disk's copy of a piece overlaps encoding the next
-            for piece in iter_encode(trace, base_ns, ordered):
+            for piece in iter_encode(trace, base_ns, ordered, write):
                 write(piece)
         _close_list(f)
 
