@@ -33,30 +33,45 @@ static const char DIGITS2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-/* A non-negative integer in decimal, two digits a step (snprintf costs several times more). */
+/* How many decimal digits v has. */
+static inline int digits_of(unsigned long long v) {
+    int n = 1;
+    while (v >= 10000) { v /= 10000; n += 4; }
+    if (v >= 100) { v /= 100; n += 2; }
+    return n + (v >= 10);
+}
+
+/* A non-negative integer in decimal, two digits a step, written in place from its last digit
+ * (snprintf costs several times more). */
 static void raw_u(Buf *b, unsigned long long v) {
-    char tmp[24];
-    int i = 24;
+    int n = digits_of(v);
+    char *p = b->p + b->len + n;
+    b->len += (size_t)n;
     while (v >= 100) {
         unsigned r = (unsigned)(v % 100);
         v /= 100;
-        tmp[--i] = DIGITS2[2 * r + 1];
-        tmp[--i] = DIGITS2[2 * r];
+        *--p = DIGITS2[2 * r + 1];
+        *--p = DIGITS2[2 * r];
     }
     if (v >= 10) {
-        tmp[--i] = DIGITS2[2 * v + 1];
-        tmp[--i] = DIGITS2[2 * v];
+        *--p = DIGITS2[2 * v + 1];
+        *--p = DIGITS2[2 * v];
     } else {
-        tmp[--i] = (char)('0' + v);
+        *--p = (char)('0' + v);
     }
-    raw_put(b, tmp + i, (size_t)(24 - i));
 }
 
 /* Nanoseconds as microseconds with exactly three decimals: 1234567 -> "1234.567". */
 static void raw_us(Buf *b, unsigned long long ns) {
-    raw_u(b, ns / 1000);
-    char frac[4] = {'.', (char)('0' + ns / 100 % 10), (char)('0' + ns / 10 % 10), (char)('0' + ns % 10)};
-    raw_put(b, frac, 4);
+    unsigned long long us = ns / 1000;
+    unsigned r = (unsigned)(ns - us * 1000), t = r % 100;
+    raw_u(b, us);
+    char *p = b->p + b->len;
+    p[0] = '.';
+    p[1] = (char)('0' + r / 100);
+    p[2] = DIGITS2[2 * t];
+    p[3] = DIGITS2[2 * t + 1];
+    b->len += 4;
 }
 
 /* The checked writers: room first, then the raw ones. */
@@ -411,18 +426,28 @@ static PyObject *hot_nest_tracks(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OOOn", &PyDict_Type, &lanes, &tracks_a, &starts_a, &ends_a, &limit)) return NULL;
     if (limit < 1) { PyErr_SetString(PyExc_ValueError, "nest_tracks: limit must be positive"); return NULL; }
     Py_ssize_t n, n1, n2;
-    PyObject *tb = gt_array_bytes(tracks_a, sizeof(long), &n);
-    PyObject *sb = tb ? gt_array_bytes(starts_a, sizeof(long long), &n1) : NULL;
-    PyObject *eb = sb ? gt_array_bytes(ends_a, sizeof(long long), &n2) : NULL;
+    /* The columns where they lie (a copy of each, fresh pages, cost about as much as the pass);
+     * copied only where they are not 8-byte arrays (tb, sb, eb then hold the copies). */
+    PyObject *tb = NULL, *sb = NULL, *eb = NULL;
+    const long *tr = NULL;
+    const long long *st = NULL, *en = NULL;
     PyObject *result = NULL, *order = NULL;
     Kept *kept = NULL;
     Py_ssize_t *first = NULL, nt = 0, *next = NULL, *head = NULL, *tail = NULL;
     long *tseen = NULL;
-    if (!eb) goto done;
+    if (sizeof(long) == 8) {
+        if (!(tr = gt_column_items(tracks_a, &n, &tb)) || !(st = gt_column_items(starts_a, &n1, &sb)) ||
+            !(en = gt_column_items(ends_a, &n2, &eb)))
+            goto done;
+    } else {
+        if (!(tb = gt_array_bytes(tracks_a, sizeof(long), &n)) || !(sb = gt_array_bytes(starts_a, 8, &n1)) ||
+            !(eb = gt_array_bytes(ends_a, 8, &n2)))
+            goto done;
+        tr = (const long *)PyBytes_AsString(tb);
+        st = (const long long *)PyBytes_AsString(sb);
+        en = (const long long *)PyBytes_AsString(eb);
+    }
     if (n1 != n || n2 != n) { PyErr_SetString(PyExc_ValueError, "nest_tracks: columns of different lengths"); goto done; }
-    const long *tr = (const long *)PyBytes_AsString(tb);
-    const long long *st = (const long long *)PyBytes_AsString(sb);
-    const long long *en = (const long long *)PyBytes_AsString(eb);
     long maxt = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (tr[i] < 0) { PyErr_SetString(PyExc_ValueError, "nest_tracks: a negative track"); goto done; }

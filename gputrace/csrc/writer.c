@@ -23,6 +23,8 @@ typedef struct {
     pthread_cond_t cv;
     WItem *head, *tail, *done; /* to write (in order); written, to release */
     Py_ssize_t queued, limit;  /* bytes not yet written; at most this many wait */
+    Py_ssize_t wake;           /* the thread writes once this many wait (or at close): a wake-up,
+                                * two context switches, a buffer is dearer than writing it */
 } Writer;
 
 static PyTypeObject *WriterType;
@@ -31,7 +33,7 @@ static void *writer_main(void *arg) {
     Writer *w = (Writer *)arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->head && !w->closing) pthread_cond_wait(&w->cv, &w->mu);
+        while ((!w->head || w->queued < w->wake) && !w->closing) pthread_cond_wait(&w->cv, &w->mu);
         WItem *it = w->head;
         if (!it) break;
         int failed = w->err;
@@ -71,8 +73,16 @@ static void writer_release(Writer *w) {
     }
 }
 
-/* Wait, without the GIL, until at most `most` bytes wait to be written. */
+/* Wait, without the GIL, until at most `most` bytes wait to be written (the GIL kept where none
+ * need wait: letting it go and taking it back costs a switch on a busy machine). */
 static void writer_wait(Writer *w, Py_ssize_t most) {
+    pthread_mutex_lock(&w->mu);
+    int fits = w->queued <= most;
+    pthread_mutex_unlock(&w->mu);
+    if (fits) {
+        writer_release(w);
+        return;
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&w->mu);
     while (w->queued > most) pthread_cond_wait(&w->cv, &w->mu);
@@ -116,6 +126,7 @@ static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!w) return NULL;
     w->fd = fd;
     w->limit = limit > 0 ? limit : 1;
+    w->wake = w->limit / 4 > 0 ? w->limit / 4 : 1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int e = pthread_create(&w->thread, NULL, writer_main, w);
@@ -154,7 +165,7 @@ static PyObject *Writer_write(Writer *w, PyObject *data) {
     else w->head = it;
     w->tail = it;
     w->queued += n;
-    pthread_cond_broadcast(&w->cv);
+    if (w->queued >= w->wake) pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     writer_wait(w, w->limit); /* the encoder may run at most `limit` bytes ahead */
     Py_RETURN_NONE;
