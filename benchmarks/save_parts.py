@@ -2,7 +2,10 @@
 (`tests/fakes.py`: two streams, nested four deep, in steps, a flush a step, every span with its
 host entry, so each has a launch arrow), then the parts of `gputrace.save()`.
 
-    python benchmarks/save_parts.py [--steps 2000] [--rounds 3] [--root DIR ...]
+    python benchmarks/save_parts.py [--steps 2000] [--rounds 3] [--flat] [--root DIR ...]
+
+`--flat`: the shape `benchmarks/cuda_parts.py` records on a GPU instead (50 spans named "op" a
+flush on one stream, no steps: the digest then waits for steps and places every entry at the end).
 
 Parts, in ns a span (CPU time of the process, all its threads; wall beside it), each the median
 of `--rounds`:
@@ -103,6 +106,25 @@ def record_cuda(root: str, steps: int) -> int:
     return steps * 50
 
 
+def record_flat(root: str, steps: int) -> int:
+    """As `benchmarks/cuda_parts.py` records on a GPU: 50 spans named "op" a flush, one stream,
+    no nesting, no steps."""
+    import gputrace
+    from tests.fakes import FakeDevice
+
+    fake = FakeDevice()
+    _install(root, fake)
+    span, flush = gputrace.span, gputrace.flush
+    for _ in range(steps):
+        for _ in range(50):
+            with span("op"):
+                fake.work(2_000)
+            fake.advance(3_000)
+        fake.advance(100_000)
+        flush()
+    return steps * 50
+
+
 def record_host(root: str, steps: int) -> int:
     import gputrace
 
@@ -126,7 +148,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[int, int]:
     return time.process_time_ns() - c, time.perf_counter_ns() - w
 
 
-def child(root: str, steps: int) -> dict[str, tuple[float, float]]:
+def child(root: str, steps: int, flat: bool = False) -> dict[str, tuple[float, float]]:
     """One round in this process, on the tree at `root`: {part: (cpu ns, wall ns) a span}."""
     sys.path.insert(0, root)
     import gputrace
@@ -137,7 +159,8 @@ def child(root: str, steps: int) -> dict[str, tuple[float, float]]:
 
     out: dict[str, tuple[float, float]] = {}
     d = tempfile.mkdtemp(prefix="save_parts-")
-    n = record_cuda(root, steps)
+    record = record_flat if flat else record_cuda
+    n = record(root, steps)
     rec = session.SESSION.recorder
     trace = session.SESSION.snapshot(rec)
     assert len(trace.spans) == n, (len(trace.spans), n)
@@ -163,7 +186,7 @@ def child(root: str, steps: int) -> dict[str, tuple[float, float]]:
 
     out["write+fsync"] = per(_timed(write))
     for fmt, ext in (("json", ".json"), ("protobuf", ".pftrace")):
-        record_cuda(root, steps)
+        record(root, steps)
         cuda_path, host_path = os.path.join(d, "trace_rank0" + ext), os.path.join(d, "host_rank0" + ext)
         out[f"save {fmt}"] = per(_timed(lambda: gputrace.save(cuda_path)))  # noqa: B023
         record_host(root, steps)
@@ -180,17 +203,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000, help="steps of 50 spans (default 2000: 100k spans)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--root", action="append", default=[], help="another tree to run side by side")
+    ap.add_argument("--flat", action="store_true", help="cuda_parts.py's shape: spans named op, no steps")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        print(json.dumps(child(ns.child, ns.steps)))
+        print(json.dumps(child(ns.child, ns.steps, ns.flat)))
         return
     roots = [HERE] + [os.path.abspath(r) for r in ns.root]
     got: dict[str, list[dict[str, list[float]]]] = {r: [] for r in roots}
     for _ in range(ns.rounds):
         for r in roots:  # the trees take turns, each in a fresh process
             p = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--child", r, "--steps", str(ns.steps)],
+                [sys.executable, os.path.abspath(__file__), "--child", r, "--steps", str(ns.steps)]
+                + (["--flat"] if ns.flat else []),
                 capture_output=True,
                 text=True,
                 cwd=r,
@@ -200,7 +225,9 @@ def main() -> None:
                 sys.exit(f"save_parts.py: the run of {r} failed:\n{p.stderr}")
             got[r].append(json.loads(p.stdout.strip().splitlines()[-1]))
     load = os.getloadavg()[0]
-    print(f"{ns.steps * 50:,} CUDA spans (fake device), ns a span, CPU (wall), median of {ns.rounds}; load {load:.2f}")
+    shape = "flat, no steps" if ns.flat else "2 streams, nested, in steps"
+    print(f"{ns.steps * 50:,} CUDA spans (fake device, {shape}), ns a span, CPU (wall)", end="")
+    print(f", median of {ns.rounds}; load {load:.2f}")
     head = f"{'part':<22}" + "".join(f"{os.path.basename(r) or r:>24}" for r in roots)
     if len(roots) > 1:
         head += f"{'this / other':>14}"

@@ -42,11 +42,10 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import compress, repeat
-from operator import sub
 from typing import Any
 
 from gputrace import native, stats
-from gputrace.digest_breakdown import Local
+from gputrace.digest_breakdown import Local, int_deltas
 from gputrace.errors import GputraceError, GputraceWarning
 from gputrace.trace import digestfile
 from gputrace.trace.digestfile import COLL, COLL_TRUE, FORMAT, UNFINISHED, digest_path
@@ -333,8 +332,7 @@ class Builder:
             local = local.copy()
             self._drain(aggs, None if self.warmup_exact else _REST, local)
         r_name, r_track, r_start, r_end, r_flags = self.rows
-        starts = list(r_start)
-        deltas = list(map(sub, starts, [base_ns, *starts[:-1]]))
+        deltas = int_deltas(r_start, None, base_ns)
         keys = sorted(aggs)
         entries = [aggs[k] for k in keys]
         size = None
@@ -368,7 +366,7 @@ class Builder:
                 "name": list(r_name),
                 "track": list(r_track),
                 "start": deltas,  # each from the one before (the first from base_ns)
-                "dur": list(map(sub, r_end, r_start)),
+                "dur": int_deltas(r_end, r_start),
                 "flags": list(r_flags),
             },
             "stats": {

@@ -145,3 +145,25 @@ def test_a_large_rank_written_through_the_writer_is_its_encoded_bytes(c: bool, t
         whole = chrome.encode(trace, ordered=True)
     assert len(whole) > 2 << 20 and whole.count(b'"flow_out":true') > 5000
     assert (tmp_path / "t.json").read_bytes() == whole
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_int_deltas_c_and_python_agree(seed: int) -> None:
+    from gputrace import digest_breakdown as db
+
+    rng = random.Random(seed)
+    for n in (0, 1, 9, 3000):
+        a = [rng.randrange(-(10**18), 10**18) for _ in range(n)]
+        b = [rng.randrange(-(10**18), 10**18) for _ in range(n)]
+        base = rng.randrange(-(10**18), 10**18)
+        for x, y in ((a, b), (array("q", a), array("q", b)), (a, None), (array("q", a), None)):
+            py = db._deltas_py(x, y, base)
+            assert py == [p - q for p, q in zip(a, b if y is not None else [base, *a[:-1]])]
+            if native.hot is not None:
+                got = native.hot.int_deltas(x, y, base)
+                # A difference past 64 bits is left to the twin.
+                assert got == py or (got is NotImplemented and any(abs(v) >= 1 << 63 for v in py))
+                assert db.int_deltas(x, y, base) == py
+    big = [(1 << 63) - 1, -(1 << 63)]
+    assert db.int_deltas(big, [-1, 1]) == [1 << 63, -(1 << 63) - 1]  # past 64 bits: the twin's ints
+    assert db.int_deltas(array("q", big), None, -5) == [(1 << 63) + 4, -(1 << 64) + 1]

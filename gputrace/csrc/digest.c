@@ -1038,6 +1038,80 @@ out:
     return result;
 }
 
+/* ---- the document's columns ------------------------------------------------------------- */
+
+/* A list's items, or an int64 column's where they lie (*keep: a copy to release, or NULL); for a
+ * list NULL is returned and *is_list set. */
+static const long long *seq_items(PyObject *o, Py_ssize_t *n, PyObject **keep, int *is_list) {
+    *keep = NULL;
+    *is_list = PyList_Check(o);
+    if (*is_list) {
+        *n = PyList_Size(o);
+        return NULL;
+    }
+    return (const long long *)gt_column_items(o, n, keep);
+}
+
+static int seq_ll(PyObject *list, const long long *col, Py_ssize_t i, long long *out) {
+    if (col) {
+        *out = col[i];
+        return 0;
+    }
+    *out = PyLong_AsLongLong(PyList_GetItem(list, i));
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+PyDoc_STRVAR(int_deltas_doc,
+             "int_deltas($module, a, b, base, /)\n--\n\n"
+             "[a[i] - b[i]] of two int lists or int64 columns; with b None, each of a less the one before\n"
+             "it (the first less `base`): digest_breakdown._deltas_py without a Python call an item.\n"
+             "NotImplemented where a difference would not fit in 64 bits (the twin then makes them).");
+
+static PyObject *hot_int_deltas(PyObject *self, PyObject *args) {
+    PyObject *a, *b, *keep_a = NULL, *keep_b = NULL, *out = NULL;
+    long long base;
+    int la = 0, lb = 0;
+    if (!PyArg_ParseTuple(args, "OOL", &a, &b, &base)) return NULL;
+    Py_ssize_t n, nb = 0;
+    const long long *ca = seq_items(a, &n, &keep_a, &la), *cb = NULL;
+    if (!ca && !la) return NULL;
+    if (b != Py_None) {
+        cb = seq_items(b, &nb, &keep_b, &lb);
+        if (!cb && !lb) goto done;
+        if (nb != n) {
+            PyErr_SetString(PyExc_ValueError, "int_deltas: columns of different lengths");
+            goto done;
+        }
+    }
+    if (!(out = PyList_New(n))) goto done;
+    long long prev = base;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long x, y, d;
+        if (seq_ll(a, ca, i, &x) < 0) goto fail;
+        if (b != Py_None) {
+            if (seq_ll(b, cb, i, &y) < 0) goto fail;
+        } else {
+            y = prev;
+            prev = x;
+        }
+        if (__builtin_sub_overflow(x, y, &d)) {
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        PyObject *v = PyLong_FromLongLong(d);
+        if (!v) goto fail;
+        PyList_SetItem(out, i, v);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(keep_a);
+    Py_XDECREF(keep_b);
+    return out;
+}
+
 static PyMethodDef digest_methods[] = {
     {"digest_rows", hot_digest_rows, METH_VARARGS, digest_rows_doc},
     {"digest_fold", hot_digest_fold, METH_VARARGS, digest_fold_doc},
@@ -1049,6 +1123,7 @@ static PyMethodDef digest_methods[] = {
     {"interval_minus", hot_interval_minus, METH_VARARGS, interval_minus_doc},
     {"interval_within", hot_interval_within, METH_VARARGS, interval_within_doc},
     {"interval_covered", hot_interval_covered, METH_VARARGS, interval_covered_doc},
+    {"int_deltas", hot_int_deltas, METH_VARARGS, int_deltas_doc},
     {NULL},
 };
 
