@@ -306,9 +306,9 @@ def nest_carried(*a: Any) -> tuple[Any, ...]:
     return (*got[:2], *(array("q", x) for x in got[2:5]), *got[5:])
 
 
-def cover_columns(*a: Any) -> tuple[Sequence[int], Sequence[int], Sequence[int]]:
-    """`cover_spans` as int64 columns (arrays, or views of the C build's bytes): 8 bytes an
-    interval, where lists take ~36 (`stats` on a whole rank of millions of spans)."""
+def cover_columns(*a: Any) -> tuple[array[int], array[int], array[int]]:
+    """`cover_spans` as int64 columns (arrays): 8 bytes an interval, where lists take ~36 (`stats`
+    on a whole rank of millions of spans, a digest's cover)."""
     if _cover_c is not None:
         got = list(_cover_c(*a, True))
         cols = []
@@ -341,7 +341,10 @@ class Local:
         self.step_starts: list[int] = []
         self.step_ends: list[int] = []
         self.step_tracks: list[int] = []
-        self.cover: dict[int, tuple[list[int], list[int]]] = {}
+        # track -> its cover's starts and ends (int64 columns: 16 bytes an interval, and no
+        # Python int an interval on the way to the document, where a run with idle gaps has one
+        # a span)
+        self.cover: dict[int, tuple[array[int], array[int]]] = {}
         self.children: dict[int, int] = {}  # key -> its spans' children's time
         self.unknown_names: set[int] = set()  # names whose self time cannot be told
         self.carry: tuple[array[int], array[int], array[int]] = (array("q"), array("q"), array("q"))
@@ -380,7 +383,7 @@ class Local:
         cuda: Sequence[bool],
     ) -> None:
         """A batch's cover and host entries (`skip`: its unfinished spans and marked rows)."""
-        ct, cs, ce = cover_spans(
+        ct, cs, ce = cover_columns(
             names,
             tracks,
             starts,
@@ -412,7 +415,7 @@ class Local:
             self.pending[0].extend(wx)
             self.pending[1].extend(ws)
 
-    def _merge(self, t: int, xs: list[int], xe: list[int]) -> None:
+    def _merge(self, t: int, xs: array[int], xe: array[int]) -> None:
         """Disjoint intervals (sorted) into track t's cover: they mostly come after it, so only
         its tail from the first they touch is merged again."""
         have = self.cover.get(t)
@@ -528,7 +531,7 @@ class Local:
         """`cover` (track, start as deltas from the one before, the first from base_ns, dur) and
         `launch_lag` (per finished step in start order: an int or None). Building may go on."""
         ct: list[int] = []
-        starts: list[int] = []
+        starts = array("q")
         cd: list[int] = []
         for t in sorted(self.cover):
             us, ue = self.cover[t]
