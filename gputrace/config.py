@@ -158,7 +158,7 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"option {name}={value!r}: expected a number") from None
         if not seconds >= 0 or seconds == float("inf"):
-            raise ConfigError(f"option {name}={value!r}: expected a number of seconds, 0 or more")
+            raise ConfigError(f"option {name}={value!r}: expected a number, 0 or more")
         return seconds
     if name == "format":
         fmt = str(value).strip().lower()

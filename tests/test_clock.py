@@ -197,15 +197,17 @@ def test_a_flush_soon_after_an_anchor_leaves_its_spans_for_the_next_one() -> Non
 
 
 def test_a_flush_once_the_period_is_over_anchors_and_resolves_again() -> None:
-    import time
-
-    fake = FakeDevice()
-    rec = install(fake, anchor_every_ms=2)
-    assert _spans_then_flush(fake, 2) == 2
-    assert _spans_then_flush(fake, 2) == 0 or len(rec.pending) == 0  # soon after, unless the box was slow
-    time.sleep(0.01)  # past the period, whatever the machine's load
-    n_pending = len(rec.pending)
-    assert _spans_then_flush(fake, 3) == n_pending + 3 and not rec.pending
+    fake = FakeDevice()  # the period is counted on the recorder's host clock: the fake's here
+    rec = install(fake, anchor_every_ms=5)
+    anchors = len(rec.timelines[0].anchors)
+    assert _spans_then_flush(fake, 2) == 2  # 1 ms after: anchors (the first flush)
+    assert _spans_then_flush(fake, 2) == 0  # 1.2 ms after that anchor: too soon
+    assert _spans_then_flush(fake, 2) == 0
+    assert len(rec.timelines[0].anchors) == anchors + 1
+    fake.advance(3 * MS)  # the anchor is now over 5 ms old
+    assert _spans_then_flush(fake, 3) == 7 and not rec.pending
+    assert len(rec.timelines[0].anchors) == anchors + 2
+    assert _spans_then_flush(fake, 1) == 0  # and the period starts again
 
 
 def test_every_flush_anchors_with_the_period_off_or_while_streaming(tmp_path: Path) -> None:
