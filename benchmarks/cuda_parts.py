@@ -3,7 +3,7 @@ split (event queries), the anchors and the resolve (the elapsed reads and the pl
 save; wall and process CPU time, in rounds. Then single runtime calls, an anchor's round trip
 included. Needs a GPU.
 
-    python benchmarks/cuda_parts.py [--steps 1000] [--per 100] [--rounds 2]
+    python benchmarks/cuda_parts.py [--steps 1000] [--per 100] [--rounds 2] [--no-kernels]
 
 Each part is timed by wrapping the recorder's own functions (a few hundred ns a call of
 overhead, on calls made once a flush); single runtime calls are timed last, on events that ran.
@@ -45,7 +45,7 @@ def timed(owner: Any, name: str, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
-def one_run(torch: Any, steps: int, per: int) -> dict[str, float]:
+def one_run(torch: Any, steps: int, per: int, kernels: bool = True) -> dict[str, float]:
     record.set_recorder(None, None)
     session.SESSION.close()
     gputrace.enable()
@@ -60,10 +60,11 @@ def one_run(torch: Any, steps: int, per: int) -> dict[str, float]:
     CALLS.clear()
     flushing = 0
     t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+    work = x.add_ if kernels else (lambda _: None)
     for _ in range(steps):
         for _ in range(per):
             with span("op"):
-                x.add_(1)
+                work(1)
         f = time.perf_counter_ns()
         flush()
         flushing += time.perf_counter_ns() - f
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--per", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-kernels", action="store_true", help="spans around no work (no launch in the loop)")
     ns = ap.parse_args()
     import torch
 
@@ -130,9 +132,10 @@ def main() -> None:
     timed(record.Recorder, "_anchor", "anchors")
     timed(record, "_split_c", "split (event queries)")
     timed(record, "resolve", "resolve (elapsed reads, placing)")
+    timed(session.Session, "_sample_memory", "memory counters")
     timed(session.Session, "save", "save")
     for r in range(ns.rounds):
-        res = one_run(torch, ns.steps, ns.per)
+        res = one_run(torch, ns.steps, ns.per, not ns.no_kernels)
         print(f"round {r + 1}, ns a span ({ns.per} spans a flush):")
         for k, v in res.items():
             print(f"  {k:<60} {v:>10,.0f}")

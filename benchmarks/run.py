@@ -300,23 +300,39 @@ def bench_runtime_span(quick: bool) -> None:
         use(rec)
         timer.timeit(number)
         drain()
-    for _ in range(repeats):
-        floor = _runtime_floor(torch, number)
-        assert floor is not None
-        out["floor"].append(floor)
-        for key, rec in recorders.items():
-            use(rec)
-            gc.disable()
-            try:
-                out[key].append(timer.timeit(number) / number * 1e9)
-            finally:
-                gc.enable()
-            drain()
+    out["whole"] = []
+    steps = 200 if quick else 1000
+    with tempfile.TemporaryDirectory() as d:
+        _whole_no_kernels(torch, 20, 100, d)  # warm up
+        for _ in range(repeats):
+            floor = _runtime_floor(torch, number)
+            assert floor is not None
+            out["floor"].append(floor)
+            for key, rec in recorders.items():
+                use(rec)
+                gc.disable()
+                try:
+                    out[key].append(timer.timeit(number) / number * 1e9)
+                finally:
+                    gc.enable()
+                drain()
+            out["whole"].append(_whole_no_kernels(torch, steps, 100, d))
     g = "CUDA span vs the runtime"
     floor_name = "floor: 2 cudaEventRecord on raw handles, C loop"
     add(Row(g, floor_name, "ns", out["floor"]))
     add(Row(g, "gputrace span, the runtime's events", "ns", out["runtime"], floor_name, "<= 1.2x", 1.2))
     add(Row(g, "gputrace span, torch's events (the fallback)", "ns", out["torch"], floor_name))
+    add(
+        Row(
+            g,
+            "whole cost: span + a flush every 100 spans + save (spans around no work)",
+            "ns",
+            out["whole"],
+            floor_name,
+            "<= 1.5x",
+            1.5,
+        )
+    )
     if "nvtx C" in out:
         add(
             Row(
@@ -342,6 +358,35 @@ def bench_runtime_span(quick: bool) -> None:
 
 
 # ---- the whole cost of a span: enter/exit, the flush each step, the save ----------------------------
+
+
+def _whole_no_kernels(torch: Any, steps: int, per: int, directory: str) -> float:
+    """ns a span of everything a user pays for `steps` x `per` CUDA spans around no work (so no
+    kernel launch is subtracted: nothing but gputrace runs), a flush each `per` spans and the
+    save of the trace and its digest, gc on, against the runtime floor measured in turns with
+    it. A fresh recorder, as a job starts; its pools and tracks warmed by a step's worth of
+    spans first, whose rows are then dropped."""
+    reset()
+    gputrace.enable()
+    span, flush = gputrace.span, gputrace.flush
+    for _ in range(per):
+        with span("op"):
+            pass
+    session.SESSION.flush(wait=True)
+    rec = record.ACTIVE
+    assert rec is not None
+    rec.take_resolved()
+    torch.cuda.synchronize()
+    t = time.perf_counter_ns()
+    for _ in range(steps):
+        for _ in range(per):
+            with span("op"):
+                pass
+        flush()
+    gputrace.save(os.path.join(directory, f"whole{next(_RUNS)}.json"))
+    ns = time.perf_counter_ns() - t
+    reset()
+    return ns / (steps * per)
 
 
 # Each run saves to a file of its own, as a job saves its trace once (saving over an earlier

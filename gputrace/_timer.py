@@ -52,6 +52,7 @@ class TimerRecord:
         self._total_ns = 0
         self._last_ns = 0
         self._resolved = 0
+        self._skip = 0  # durations still to come of calls ended before a reset()
 
     # -- recording --
     def start(self) -> TimerRecord:
@@ -92,6 +93,9 @@ class TimerRecord:
 
     def add_ns(self, ns: int) -> None:
         """One finished call's duration."""
+        if self._skip:
+            self._skip -= 1
+            return
         self._total_ns += ns
         self._last_ns = ns
         self._resolved += 1
@@ -99,6 +103,10 @@ class TimerRecord:
     def add_durations(self, ns: list[int]) -> None:
         """The durations of this timer's calls that one flush resolved, in order (resolve gives
         them per owner; the recorder hands them here)."""
+        if self._skip:
+            k = min(self._skip, len(ns))
+            self._skip -= k
+            ns = ns[k:]
         if ns:
             self._total_ns += sum(ns)
             self._last_ns = ns[-1]
@@ -106,8 +114,11 @@ class TimerRecord:
 
     # -- values (seconds, as nanotron) --
     def _settle(self) -> None:
-        if self._resolved < self.call_count and record.ACTIVE is not None:
-            record.ACTIVE.flush(wait=True)
+        rec = record.ACTIVE
+        if self._resolved < self.call_count and rec is not None:
+            rec.flush(force=True)  # what has finished (a CPU timer's calls: all), without a drain
+            if self._resolved < self.call_count:
+                rec.flush(wait=True)
 
     @property
     def elapsed(self) -> float:
@@ -136,6 +147,11 @@ class TimerRecord:
 
     def reset(self) -> None:
         """Forget the totals (running calls keep running)."""
+        rec = record.ACTIVE
+        if self._resolved < self.call_count and rec is not None:
+            rec.flush(force=True)
+        # Calls ended before the reset whose spans are still pending resolve later: not ours.
+        self._skip += self.call_count - self._resolved
         self.call_count = self._total_ns = self._last_ns = self._resolved = 0
 
     def summary(self) -> str:

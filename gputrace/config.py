@@ -41,6 +41,13 @@ class Config:
         default=5,
         metadata={"help": "reference-event round trips per clock anchor; the shortest is kept"},
     )
+    anchor_every_ms: float = dataclasses.field(
+        default=5.0,
+        metadata={
+            "help": "a flush takes a new clock anchor (a side-stream round trip, ~10 us) at most this often; a flush "
+            "sooner leaves its spans for the next (save and a timer's read always resolve all); 0: every flush"
+        },
+    )
     format: str = dataclasses.field(
         default="json",
         metadata={"help": "format of the trace written to out_dir: json (Chrome trace) or perfetto (protobuf)"},
@@ -151,7 +158,7 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"option {name}={value!r}: expected a number") from None
         if not seconds >= 0 or seconds == float("inf"):
-            raise ConfigError(f"option {name}={value!r}: expected a number of seconds, 0 or more")
+            raise ConfigError(f"option {name}={value!r}: expected a number, 0 or more")
         return seconds
     if name == "format":
         fmt = str(value).strip().lower()

@@ -306,6 +306,8 @@ class Recorder:
         # caught while the lock was held here (a resolve half done), set by `on_release`.
         self._after_flush: Callable[[], None] | None = None
         self._mono = clock.monotonic_ns
+        # When a flush last took anchors (the host clock's monotonic ns): see `_anchored_lately`.
+        self._anchored_at = -(1 << 62)
         self._track_keys: dict[Any, Track] = {}
         self._has_device = device is not None
         ndev = device.count() if device is not None else 0
@@ -572,6 +574,18 @@ class Recorder:
         )
         self.gens[dev] = self.timelines[dev].add(anchor) + 1
 
+    def _anchored_lately(self) -> bool:
+        """Whether a flush now would resolve nothing worth its anchor: one was taken less than
+        `anchor_every_ms` ago. The spans the GPU finished since lie after it and would wait for
+        the next anyway (host spans lose nothing waiting with them); an anchor now costs a
+        side-stream round trip (~10 us: several hundred ns a span at a flush of 100 spans). A
+        streamed trace anchors at every flush: its file has, at each, what the GPU finished."""
+        config = self.config
+        every = config.anchor_every_ms
+        if every <= 0 or config.out_dir:
+            return False
+        return self._mono() - self._anchored_at < every * 1_000_000
+
     def _good_round_trip(self, dev: int) -> int:
         """A round trip within 1.5x of the least this device has shown is good enough to stop
         trying (anchors are taken every flush: each try blocks the host ~10 us)."""
@@ -592,20 +606,24 @@ class Recorder:
         """Call `run` once the flush under way on this thread has let go of the lock."""
         self._after_flush = run
 
-    def flush(self, wait: bool = False, limit: int | None = None) -> int:
+    def flush(self, wait: bool = False, limit: int | None = None, force: bool = False) -> int:
         """Resolve every span the GPU has finished (all of them with `wait`) into the store;
         with `limit`, only among the oldest `limit` pending spans. Without `wait` it never drains
-        the GPU: it asks events, and anchors on a side stream."""
-        n = self._flush(wait, limit)
+        the GPU: it asks events, and anchors on a side stream. A plain flush within
+        `anchor_every_ms` of one that anchored does nothing; `force` (what reads the recorder in
+        the process: timers, the straggler report) resolves what has finished regardless."""
+        n = self._flush(wait, limit, force)
         if self._after_flush is not None and not self.busy_here():
             run, self._after_flush = self._after_flush, None
             run()
         return n
 
-    def _flush(self, wait: bool, limit: int | None) -> int:
+    def _flush(self, wait: bool, limit: int | None, force: bool = False) -> int:
         with self._lock:
             if wait and self.device is not None:
                 self.device.synchronize()
+            elif limit is None and not force and self._anchored_lately():
+                return 0
             # In place: the C hot path holds this list. Each step is one atomic list operation,
             # so a span another thread appends meanwhile stays for the next flush.
             held = self.hot.pending
@@ -624,6 +642,8 @@ class Recorder:
                 devices = sorted({s.stack.device for s in done} - {None})  # type: ignore[arg-type]
             for dev in devices:
                 self._anchor(dev)
+            if devices:
+                self._anchored_at = self._mono()
             if done:
                 later, freed, durations = resolve(done, self.timelines, self.clock, self.store)
                 if freed:  # a list per device (none on a host-only recorder)

@@ -101,6 +101,11 @@ class Reporter:
             waiting = sum(1 for s in pending if s.name == self.step_name) if pending else 0
         closed = self.resolved + waiting
         if closed // self.every > self.done:
+            # The window's steps: what the GPU has finished, whatever the anchor period left
+            # pending (a flush within anchor_every_ms resolves nothing).
+            rec.flush(force=True)
+            with rec._lock:
+                self._take(rec.store)
             self.done = closed // self.every
             self._report(closed)
 

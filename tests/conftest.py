@@ -78,6 +78,8 @@ def fake_clock(fake: FakeDevice) -> HostClock:
 def install(fake: FakeDevice | None = None, **options: Any) -> Recorder:
     """A recorder driven by `fake` (None: host spans only, on the real clock), made current."""
     clock = fake_clock(fake) if fake is not None else HostClock()
+    if fake is not None:  # each flush anchors, as flushes a real step apart do (tests of the period set it)
+        options.setdefault("anchor_every_ms", 0)
     config = Config().replace(**options)
     rec = Recorder(config, fake, clock)
     session.SESSION.config = config

@@ -86,7 +86,7 @@ def fake_gpu(shift_ns: int) -> None:
     dist.init_process_group("gloo")
     fake = RealTimeFake(launch_ns=0, wake_ns=0)
     clock = HostClock(monotonic_ns=time.monotonic_ns, shift_ns=shift_ns if dist.get_rank() == 1 else 0)
-    session.SESSION.install(Recorder(Config(), fake, clock))
+    session.SESSION.install(Recorder(Config().replace(anchor_every_ms=0), fake, clock))
 
     class Probe:
         def __init__(self, dev: int) -> None:

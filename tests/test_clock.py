@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,64 @@ def test_an_anchor_stops_trying_once_a_round_trip_is_good_enough() -> None:
     a = take_anchor(fake.new_event, fake.record, side, clock, tries=5, good_ns=3 * 4_000)
     assert fake.syncs - before == 1  # the first try was within the bar
     assert a.uncertainty_ns <= 6_000
+
+
+def _spans_then_flush(fake: FakeDevice, n: int) -> int:
+    for i in range(n):
+        with gputrace.span("k", i=i):
+            fake.work(MS // 10)
+    fake.advance(MS)  # the GPU has finished them
+    return gputrace.flush()
+
+
+def test_a_flush_soon_after_an_anchor_leaves_its_spans_for_the_next_one() -> None:
+    fake = FakeDevice()
+    rec = install(fake, anchor_every_ms=60_000)  # a minute: every flush below is "soon"
+    anchors = len(rec.timelines[0].anchors)
+    assert _spans_then_flush(fake, 3) == 3  # the first flush anchors
+    assert len(rec.timelines[0].anchors) == anchors + 1
+    assert _spans_then_flush(fake, 4) == 0  # anchored moments ago: nothing resolved, no round trip
+    assert _spans_then_flush(fake, 2) == 0
+    assert len(rec.timelines[0].anchors) == anchors + 1 and len(rec.pending) == 6
+    assert rec.flush(wait=True) == 6  # a waiting flush (a save's, a timer's read) resolves all
+    assert len(rec.pending) == 0
+    # Every span is placed exactly, whichever flush resolved it.
+    spans = spans_of(gputrace.trace_dict())
+    assert len(spans) == 9 and all(e["end"] - e["start"] == MS // 10 for e in spans)
+
+
+def test_a_flush_once_the_period_is_over_anchors_and_resolves_again() -> None:
+    fake = FakeDevice()  # the period is counted on the recorder's host clock: the fake's here
+    rec = install(fake, anchor_every_ms=5)
+    anchors = len(rec.timelines[0].anchors)
+    assert _spans_then_flush(fake, 2) == 2  # 1 ms after: anchors (the first flush)
+    assert _spans_then_flush(fake, 2) == 0  # 1.2 ms after that anchor: too soon
+    assert _spans_then_flush(fake, 2) == 0
+    assert len(rec.timelines[0].anchors) == anchors + 1
+    fake.advance(3 * MS)  # the anchor is now over 5 ms old
+    assert _spans_then_flush(fake, 3) == 7 and not rec.pending
+    assert len(rec.timelines[0].anchors) == anchors + 2
+    assert _spans_then_flush(fake, 1) == 0  # and the period starts again
+
+
+def test_every_flush_anchors_with_the_period_off_or_while_streaming(tmp_path: Path) -> None:
+    for options in ({"anchor_every_ms": 0}, {"anchor_every_ms": 60_000, "out_dir": str(tmp_path)}):
+        fake = FakeDevice()
+        rec = install(fake, **options)
+        for n in (2, 3, 1):
+            assert _spans_then_flush(fake, n) == n, options  # a streamed file has what finished at each
+        assert not rec.pending
+        gputrace.reset()
+
+
+def test_a_full_pending_list_resolves_within_the_period() -> None:
+    fake = FakeDevice()
+    rec = install(fake, anchor_every_ms=60_000, max_pending=64)
+    assert _spans_then_flush(fake, 1) == 1  # anchored now: plain flushes are "soon" from here on
+    for i in range(300):
+        with gputrace.span("k", i=i):
+            fake.work(1_000)
+        fake.advance(1_000)  # each finished before the next: the automatic resolve can place them
+    # Resolved by span exits that found the list full, no flush among them: the list stays short.
+    assert len(rec.pending) <= 64 and len(rec.store) == 301 - len(rec.pending)
+    assert len(spans_of(gputrace.trace_dict())) == 301
