@@ -191,8 +191,9 @@ def _nest_py(
 
 def _c_loops(hot: Any) -> None:
     """Bind the C build's loops (None where gputrace.native has the Python twins in use)."""
-    global _cover_c, _nest_c, _entries_c, _lags_c, _deltas_c
+    global _cover_c, _nest_c, _entries_c, _lags_c, _deltas_c, _span_total_c
     _deltas_c = getattr(hot, "int_deltas", None) if hot is not None else None
+    _span_total_c = getattr(hot, "int_span_total", None) if hot is not None else None
     _cover_c = getattr(hot, "digest_cover", None) if hot is not None else None
     _nest_c = getattr(hot, "digest_nest", None) if hot is not None else None
     _entries_c = getattr(hot, "digest_entries", None) if hot is not None else None
@@ -200,6 +201,7 @@ def _c_loops(hot: Any) -> None:
 
 
 _deltas_c: Any = None
+_span_total_c: Any = None
 _cover_c: Any = None
 _nest_c: Any = None
 _entries_c: Any = None
@@ -274,6 +276,20 @@ def int_deltas(a: Sequence[int], b: Sequence[int] | None = None, base: int = 0) 
         if got is not NotImplemented:
             return got  # type: ignore[no-any-return]
     return _deltas_py(a, b, base)
+
+
+def _span_total_py(ends: Sequence[int], starts: Sequence[int], lo: int, hi: int) -> int:
+    return sum(ends[lo:hi]) - sum(starts[lo:hi])
+
+
+def span_total(ends: array[int], starts: array[int], lo: int, hi: int) -> int:
+    """The summed durations of rows lo:hi (`sum(ends[lo:hi]) - sum(starts[lo:hi])`): in C, the
+    carried spans summed up without a Python int each (tens of thousands a batch in a flat run)."""
+    if _span_total_c is not None:
+        got = _span_total_c(ends, starts, lo, hi)
+        if got is not NotImplemented:
+            return got  # type: ignore[no-any-return]
+    return _span_total_py(ends, starts, lo, hi)
 
 
 def entries(*a: Any) -> tuple[array[int], array[int]]:
@@ -495,11 +511,14 @@ class Local:
     def _sum_up(self) -> None:
         """Keep the newest half of the carried spans of each track; sum up the others."""
         ct, cs, ce = self.carry
-        tracks = sorted(set(ct))
-        keep_each = max(1, CARRY_SPANS // 2 // len(tracks))
+        n = len(ct)
+        tracks, lo = 0, 0
+        while lo < n:  # the carried spans come by track (a set of the column: a Python int a span)
+            lo = bisect_right(ct, ct[lo], lo)
+            tracks += 1
+        keep_each = max(1, CARRY_SPANS // 2 // tracks)
         ot, os_, oe = array("q"), array("q"), array("q")
         lo = 0
-        n = len(ct)
         while lo < n:
             t = ct[lo]
             hi = bisect_right(ct, t, lo)  # the carried spans come by track
@@ -508,7 +527,7 @@ class Local:
                 v = self.summed.setdefault(t, [cs[lo], cs[lo], 0, 0])
                 v[0] = min(v[0], cs[lo])
                 v[1] = max(v[1], cs[cut - 1])
-                v[2] += sum(ce[lo:cut]) - sum(cs[lo:cut])
+                v[2] += span_total(ce, cs, lo, cut)
             ot.extend(ct[cut:hi])
             os_.extend(cs[cut:hi])
             oe.extend(ce[cut:hi])

@@ -167,3 +167,22 @@ def test_int_deltas_c_and_python_agree(seed: int) -> None:
     big = [(1 << 63) - 1, -(1 << 63)]
     assert db.int_deltas(big, [-1, 1]) == [1 << 63, -(1 << 63) - 1]  # past 64 bits: the twin's ints
     assert db.int_deltas(array("q", big), None, -5) == [(1 << 63) + 4, -(1 << 64) + 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_span_total_c_and_python_agree(seed: int) -> None:
+    from gputrace import digest_breakdown as db
+
+    rng = random.Random(seed)
+    starts = array("q", (rng.randrange(-(10**18), 10**18) for _ in range(2000)))
+    ends = array("q", (s + rng.randrange(10**9) if s < 9 * 10**17 else s for s in starts))
+    for lo, hi in ((0, 0), (0, 2000), (17, 1500), (1999, 2000)):
+        py = db._span_total_py(ends, starts, lo, hi)
+        assert py == sum(ends[lo:hi]) - sum(starts[lo:hi])
+        assert db.span_total(ends, starts, lo, hi) == py
+    huge = array("q", [(1 << 63) - 1] * 3)
+    assert db.span_total(huge, array("q", [-1] * 3), 0, 3) == 3 << 63  # past 64 bits: the twin's int
+    if native.hot is not None:
+        assert native.hot.int_span_total(huge, array("q", [-1] * 3), 0, 3) is NotImplemented
+        with pytest.raises(ValueError):
+            native.hot.int_span_total(huge, huge, 0, 4)
