@@ -195,3 +195,16 @@ class Writer:
     def __init__(self, fd: int, limit: int = ...) -> None: ...
     def write(self, data: bytes, /) -> None: ...
     def close(self) -> None: ...
+
+# first.c: the page's first document (viewer.first._rows_py is its twin).
+def first_rows(
+    name: list[int],
+    track: list[int],
+    start: list[int],
+    dur: list[int],
+    flags: list[int],
+    base: int,
+    kinds: bytes,
+    n_tracks: int,
+    /,
+) -> tuple[int, bool, bytes, bytes, bytes, tuple[tuple[bytes, bytes, bytes], ...]]: ...

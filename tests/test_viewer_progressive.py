@@ -19,11 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gputrace import digest, summary
+from gputrace import digest, native, summary
 from gputrace.trace import chrome
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.viewer import background, data, first
 
+from .conftest import TWINS
 from .test_viewer_digests import RANKS, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,9 +98,11 @@ def write_varied(
         (False, False, 1, True),
     ],
 )
+@pytest.mark.parametrize("c", TWINS)
 def test_the_first_documents_steps_are_the_full_documents(
-    tmp_path: Path, marked: bool, warm: bool, skip: int | None, unfinished: bool
+    tmp_path: Path, marked: bool, warm: bool, skip: int | None, unfinished: bool, c: bool, twins_restored: None
 ) -> None:
+    native.use(c)  # the C loops (csrc/first.c) and their Python twins give the same document
     write_varied(tmp_path, 5, 12, marked=marked, warm=warm, unfinished=unfinished)
     job = data.DigestJob(summary.find([str(tmp_path)]), "step", skip, False, [str(tmp_path)])
     doc = first.document(job)
