@@ -141,8 +141,9 @@ def test_a_trace_that_changes_while_it_is_read_gets_no_digest(tmp_path: Path, mo
 
 
 def test_the_digests_workers_follow_the_cpus_idle_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers where CPUs idle now (measured over a moment, not the load average's minute); none
-    while every CPU is busy; merge's rule (None) for traces too small for workers to pay."""
+    """Workers where CPUs idle now (measured over a moment, not the load average's minute); two
+    while every CPU is busy (one where there is one); merge's rule (None) for traces too small
+    for workers to pay."""
     import multiprocessing
     import os
 
@@ -156,7 +157,7 @@ def test_the_digests_workers_follow_the_cpus_idle_now(tmp_path: Path, monkeypatc
     assert idle is not None and 0 <= idle <= cpus
     monkeypatch.setattr(run, "PARALLEL_MIN_BYTES", 1)
     got = data.digest_workers(traces)
-    assert got is not None and 1 <= got <= min(cpus, 8)
+    assert got is not None and min(cpus, 2) <= got <= max(min(cpus, 8), 1)
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     busy = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(cpus + 1)]
@@ -166,7 +167,7 @@ def test_the_digests_workers_follow_the_cpus_idle_now(tmp_path: Path, monkeypatc
         import time
 
         time.sleep(1.0)  # the spinners started (a spawned interpreter's imports)
-        assert data.digest_workers(traces) == 1
+        assert data.digest_workers(traces) == min(cpus, 2)
     finally:
         stop.set()
         for p in busy:

@@ -287,22 +287,23 @@ def idle_cpus(sample_s: float = IDLE_SAMPLE_S) -> float | None:
 
 
 def digest_workers(traces: Sequence[str]) -> int | None:
-    """Worker processes for making the digests of `traces` (`summary.make_digests`): every CPU
-    (at most 8) where half of one is idle now or more, else none (1); None (merge's rule,
-    `merge.run.workers_for`) for inputs too small for workers to pay. Idle now, measured, not
-    by the load average: that is a minute's mean, and the view run just before leaves it high
-    while the CPUs idle (then the digests were made in this process, on one core: 10.7 s
-    against ~5 s on two for 64 x 10k steps). The digests are independent tasks: even beside a
-    busy core, workers take their share of the idle one."""
+    """Worker processes for making the digests of `traces` (`summary.make_digests`): one per CPU
+    idle now (at most 8), and two at least on a machine of two CPUs or more, however busy; None
+    (merge's rule, `merge.run.workers_for`) for inputs too small for workers to pay. A digest's
+    worker sends back no trace, only whether it wrote the digest, so workers cost only their
+    start (~0.3 s) and win wherever a second CPU gives them any time: on a busy machine each
+    process gets its share, and two get twice one's. Idle now, measured, not by the load
+    average: that is a minute's mean, and the view run just before leaves it high while the CPUs
+    idle."""
     from gputrace.merge.run import PARALLEL_MIN_BYTES
 
     if len(traces) < 4 or sum(os.path.getsize(t) for t in traces if os.path.isfile(t)) < PARALLEL_MIN_BYTES:
         return None
-    idle = idle_cpus()
-    if idle is None:
-        return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cpus, 8)) if idle >= 0.5 else 1
+    if cpus < 2:
+        return 1
+    idle = idle_cpus()
+    return max(2, min(round(idle or 0), cpus, 8))
 
 
 @dataclasses.dataclass
