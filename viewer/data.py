@@ -254,7 +254,7 @@ def digest_inputs(paths: Sequence[str], step: str = "step") -> Any:
         # trace, ranks in parallel, and written beside it; this view and the next are drawn from
         # them. Where they already are, this is a look at each digest's first bytes.
         try:
-            found = make_digests(found, step, digest_workers(found.traces))
+            found = make_digests(found, step, digest_workers)  # asked only where digests are to be made
         except GputraceError:
             return None  # not per-rank gputrace traces: read them whole (which says what is wrong)
     if not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
