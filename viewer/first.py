@@ -11,8 +11,10 @@ causes (those keys are null): the page says they are being computed.
 
 Its numbers are those of the full document (`data.step_times` over `stats._steps`, on times
 placed by merge's own clock maps): from each digest it reads only the span rows (no cover, no
-per-name aggregates), decodes only the steps and collectives, and does none of the cross-rank
-work of `stats.summarize` (the breakdown, matching collectives, the names' statistics).
+per-name aggregates), in one pass over the parsed columns that checks them and picks the steps
+and the collectives by either rule (`_hot.first_rows`, csrc/first.c; `_rows_py` its twin), and
+does none of the cross-rank work of `stats.summarize` (the breakdown, matching collectives, the
+names' statistics).
 None where that shortcut does not hold (a rank without a fresh digest of these steps, no steps,
 a skip that leaves none): the caller computes the full document at once, which says what is
 wrong where something is.
