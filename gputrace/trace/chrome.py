@@ -704,15 +704,14 @@ class _Builder:
 
     def _add_x_rows(self, fast: Callable[..., Any], events: list[Any], i: int) -> int:
         """Take events[i:] while they are plain X events by the C loop; the index it stopped at."""
-        i, s, e, n, t, args, cats = fast(events, i, self.facts[0], self.track_index, self.trace._name_index, self.keys)
-        if args:
+        cats = self.x_cat if self.keys is None else None
+        got = fast(events, i, self.facts[0], self.track_index, self.trace._name_index, self.keys, self.x_args, cats)
+        i, s, e, n, t = got  # the args and categories appended in place
+        if s:
             self.x_start.frombytes(s)
             self.x_end.frombytes(e)
             self.x_name.frombytes(n)
             self.x_track.frombytes(t)
-            self.x_args.extend(args)
-            if cats is not None:
-                self.x_cat.extend(cats)
         return i
 
     def finish(self, final: _Builder | None = None) -> Trace:
