@@ -208,3 +208,18 @@ def first_rows(
     n_tracks: int,
     /,
 ) -> tuple[int, bool, bytes, bytes, bytes, tuple[tuple[bytes, bytes, bytes], ...]]: ...
+def first_columns(rows: list[Any], count: int, /) -> tuple[list[int], list[int], list[int]]: ...
+def first_others_median(rows: list[Any], count: int, /) -> list[list[int]]: ...
+
+# readx.c: the Chrome JSON reader's plain X events (chrome._Builder.add's loop is its twin).
+def read_x_rows(
+    events: list[Any],
+    i: int,
+    base: int,
+    track_index: dict[Any, int],
+    name_index: dict[str, int],
+    keys: frozenset[str] | None,
+    args: list[Any],
+    cats: list[Any] | None,
+    /,
+) -> tuple[int, bytes, bytes, bytes, bytes]: ...
