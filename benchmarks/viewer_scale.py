@@ -11,7 +11,8 @@ heatmap and table are interactive, a hover, a sort, the timeline's first window 
 window from the server), and prints a table. Target: the page interactive within 5 s.
 
 First, `gputrace view` itself in a fresh process, as a user runs it: the seconds from the command
-to its printed URL, to the page's first view in Chromium (the heatmap, from the first document)
+to its printed URL (with the CPU seconds the command and, from traces alone, its digests'
+workers had used by then), to the page's first view in Chromium (the heatmap, from the first document)
 and to the full document drawn in it (breakdown, collectives, statistics, causes), from the
 digests beside the traces (the first view after the run, and again: the document is kept beside
 the digests) and from the traces alone (a folder of hard links to them: the first view makes each
@@ -102,19 +103,22 @@ def traces_only(directory: str, ranks: int) -> str:
     return bare
 
 
-def _cpu_s(pid: int) -> float:
-    """The CPU seconds (user + system) the process has used so far, its own (not its workers')."""
+def _cpu_s(pid: int, children: bool = False) -> float:
+    """The CPU seconds (user + system) the process has used so far, its own (not its workers');
+    `children`: those of its workers that have ended (the digests' workers, by the URL)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    at = 13 if children else 11
+    return (int(fields[at]) + int(fields[at + 1])) / os.sysconf("SC_CLK_TCK")
 
 
-def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float, float, float]:  # type: ignore[no-untyped-def]
+def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float, float, float, float]:  # type: ignore[no-untyped-def]
     """`gputrace view FOLDER` as a user runs it (the checkout at `root`), in a fresh process:
     seconds from the command to its printed URL (and the CPU seconds the command had used by then,
     its own), to the page's first view (the heatmap interactive) in Chromium, and to the full
     document drawn (breakdown, collectives, statistics, causes: at once where the first document
-    is the full one)."""
+    is the full one); last, the CPU seconds of its workers that had ended by the URL (those that
+    made digests)."""
     cmd = [sys.executable, "-m", "gputrace", "view", folder, "--no-browser", "--perfetto-ui", ui]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -127,13 +131,13 @@ def cli_view(page, folder: str, ui: str, root: str = ROOT) -> tuple[float, float
         else:
             raise SystemExit(f"gputrace view {folder} printed no URL (exit {proc.wait()})")
         t_url = time.perf_counter() - t0
-        cpu = _cpu_s(proc.pid)
+        cpu, workers = _cpu_s(proc.pid), _cpu_s(proc.pid, children=True)
         page.goto(m.group(1))
         page.wait_for_selector("body[data-ready='1']", timeout=300_000)
         t_first = time.perf_counter() - t0
         if page.get_attribute("body", "data-full") not in (None, "1"):
             page.wait_for_selector("body[data-full='1'], body[data-full='error']", timeout=600_000)
-        return t_url, t_first, time.perf_counter() - t0, cpu
+        return t_url, t_first, time.perf_counter() - t0, cpu, workers
     finally:
         proc.terminate()
         proc.wait()
@@ -180,9 +184,10 @@ def cli_table(directory: str, ranks: int, steps: int, root: str = ROOT, repeat: 
     print(
         f"gputrace view (the command, a fresh process, {root}), {ranks} ranks x {steps:,} steps, {os.cpu_count()} cores"
     )
-    print(f"{'from':<34} {'to the URL':>10} {'(its CPU)':>10} {'to the heatmap':>15} {'to the full document':>21}")
-    for what, t_url, t_page, t_full, cpu in rows:
-        print(f"{what:<34} {t_url:>9.2f}s {cpu:>9.2f}s {t_page:>14.2f}s {t_full:>20.2f}s")
+    head = f"{'from':<34} {'to the URL':>10} {'(its CPU)':>10} {'(workers)':>10} {'to the heatmap':>15}"
+    print(f"{head} {'to the full document':>21}")
+    for what, t_url, t_page, t_full, cpu, workers in rows:
+        print(f"{what:<34} {t_url:>9.2f}s {cpu:>9.2f}s {workers:>9.2f}s {t_page:>14.2f}s {t_full:>20.2f}s")
     print(f"load average {min(load):.1f}-{max(load):.1f}")
 
 

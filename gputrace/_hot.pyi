@@ -202,3 +202,31 @@ class Writer:
     def __init__(self, fd: int, limit: int = ...) -> None: ...
     def write(self, data: bytes, /) -> None: ...
     def close(self) -> None: ...
+
+# first.c: the page's first document (viewer.first._rows_py is its twin).
+def first_rows(
+    name: list[int],
+    track: list[int],
+    start: list[int],
+    dur: list[int],
+    flags: list[int],
+    base: int,
+    kinds: bytes,
+    n_tracks: int,
+    /,
+) -> tuple[int, bool, bytes, bytes, bytes, tuple[tuple[bytes, bytes, bytes], ...]]: ...
+def first_columns(rows: list[Any], count: int, /) -> tuple[list[int], list[int], list[int]]: ...
+def first_others_median(rows: list[Any], count: int, /) -> list[list[int]]: ...
+
+# readx.c: the Chrome JSON reader's plain X events (chrome._Builder.add's loop is its twin).
+def read_x_rows(
+    events: list[Any],
+    i: int,
+    base: int,
+    track_index: dict[Any, int],
+    name_index: dict[str, int],
+    keys: frozenset[str] | None,
+    args: list[Any],
+    cats: list[Any] | None,
+    /,
+) -> tuple[int, bytes, bytes, bytes, bytes]: ...

@@ -587,23 +587,20 @@ def _steps(
         coll = coll_idx[s]  # the step's time inside the union of the rank's collective spans
         w = bd.within(*bd.union_columns(*columns.take(coll, start, end)), qs, qe)
         starts[r], ends[r], wait[r] = ss, se, w
-        busy[r] = [b - a - x for a, b, x in zip(ss, se, w)]
+        busy[r] = list(map(sub, map(sub, se, ss), w))  # C-level maps: 64 ranks x 10k steps stay cheap
     noise = [2 * anchor[s] for s in slots]
-    medians: list[int] = []
     verdicts: list[StepVerdict] = []
     times = {r: 0 for r in srank}
     n = len(slots)
-    for k, col in enumerate(zip(*(busy[r] for r in srank))):
-        v = sorted(col)
-        med = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) // 2
-        j = col.index(max(col))  # the first largest
-        margin = col[j] - med
+    # Per step: the largest busy time, the first rank with it, the median (C loop, one pass).
+    tops, firsts, medians = columns.columns([busy[r] for r in srank], count)
+    for k, (top, j, med) in enumerate(zip(tops, firsts, medians)):
+        margin = top - med
         pct = 100.0 * margin / med if med else (0.0 if margin == 0 else math.inf)
         called = n > 1 and pct > MARGIN_PCT and margin > noise[j]
         if called:
             times[srank[j]] += 1
-        medians.append(med)
-        verdicts.append(StepVerdict(skip + k, srank[j], col[j], med, margin, pct, noise[j], called))
+        verdicts.append(StepVerdict(skip + k, srank[j], top, med, margin, pct, noise[j], called))
     rule = (
         f"a rank is called slowest in a step only when its busy time (the step minus its time inside "
         f"collectives) exceeds the step's median over ranks by more than {MARGIN_PCT:g}% and by more than its "

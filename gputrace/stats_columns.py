@@ -12,13 +12,16 @@ the rank slot of each track and the stride of the group keys (`name * stride + s
 - `take`: columns' items at a set of span indices, each as an int64 array (a gather);
 - `step_of`: the step (in a rank's steps sorted by start) each of a set of times falls in;
 - `track_split`: a rank's collectives on one track and its other spans off that track, as
-  (starts, ends) columns (the breakdown's exposed collective time).
+  (starts, ends) columns (the breakdown's exposed collective time);
+- `columns`: per step of the ranks' step table (a column of rows), its largest value, the first
+  rank holding it and its median (`stats._steps`' verdicts, the warm-up test).
 Columns take 8 bytes a span where lists took ~36 (a pointer and an int object).
 
 The loops are C (`_hot.stats_groups`, `_hot.stats_sorted_durations`, `_hot.stats_take`,
 `_hot.stats_step_of`, `_hot.stats_track_split`, csrc/stats.c); `_groups_py`,
 `_sorted_durations_py`, `_take_py`, `_step_of_py` and `_track_split_py` are their references and
-the fallback (`gputrace.native`).
+the fallback (`gputrace.native`); `columns` is `_hot.first_columns` (csrc/first.c, beside the
+page's first document's loops), `_columns_py` its twin.
 """
 
 from __future__ import annotations
@@ -228,3 +231,36 @@ def track_split(
     cols = [c if isinstance(c, (array, memoryview)) else array("q", c) for c in (starts, ends, tracks)]
     a, b, c, d = map(_from_bytes, _hot.stats_track_split(*cols, bytes(is_coll), track))
     return a, b, c, d
+
+
+def _columns_py(rows: Sequence[Sequence[int]], count: int) -> tuple[list[int], list[int], list[int]]:
+    n = len(rows)
+    if n < 1:
+        raise ValueError("first_columns: no rows")
+    if any(len(r) < count for r in rows):
+        raise ValueError("first: a row shorter than the count")
+    maxes: list[int] = []
+    first: list[int] = []
+    medians: list[int] = []
+    for col in zip(*(r[:count] for r in rows)):
+        v = sorted(col)
+        top = v[-1]
+        maxes.append(top)
+        first.append(col.index(top))  # the first largest
+        medians.append(v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) // 2)
+    return maxes, first, medians
+
+
+def columns(rows: Sequence[Sequence[int]], count: int) -> tuple[list[int], list[int], list[int]]:
+    """Per column k < `count` of `rows` (one or more rows of ints, one a rank), its largest
+    value, the first row that holds it, and its median (the middle value, or the floor of the
+    two middle ones' mean), as three lists."""
+    if not rows:
+        return [], [], []
+    fn = getattr(_hot, "first_columns", None) if _hot is not None else None
+    if fn is not None and type(rows) is list:
+        try:
+            return fn(rows, count)  # type: ignore[no-any-return]
+        except OverflowError:
+            pass  # a value past 64 bits: the twin takes Python's ints
+    return _columns_py(rows, count)

@@ -19,7 +19,7 @@ import os
 import warnings
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress
 from typing import Any
 
@@ -159,13 +159,16 @@ def _identity(path: str) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
-def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> Inputs:
+def make_digests(
+    inputs: Inputs, step_name: str, workers: int | Callable[[list[str]], int | None] | None = None
+) -> Inputs:
     """The digests of the per-rank trace files that have none beside them that a summary with
     these steps would read (none, another step name, an older format, or written for the trace
     as it was before), made from the traces and written beside them as the recorder would have
     (the next summary or view reads them, not the traces); the inputs found again. Ranks are
     made in parallel worker processes as merge reads (`merge.run.workers_for`: only on idle
-    cores, at most 8, each holding one trace). A folder that cannot take a digest, a worker that
+    cores, at most 8, each holding one trace; `workers` a function: its answer for the traces to
+    digest, asked only where there are some). A folder that cannot take a digest, a worker that
     dies (out of memory?) or a trace that changes meanwhile leave their traces to `collect`,
     one rank at a time."""
     from gputrace.merge import pool
@@ -181,7 +184,7 @@ def make_digests(inputs: Inputs, step_name: str, workers: int | None = None) -> 
     if not todo:
         return inputs
     tasks = [(t, step_name) for t in todo]
-    n = min(workers_for(todo, workers), len(todo))
+    n = min(workers_for(todo, workers(todo) if callable(workers) else workers), len(todo))
     try:
         if n <= 1:
             for task in tasks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -137,3 +138,42 @@ def test_a_trace_that_changes_while_it_is_read_gets_no_digest(tmp_path: Path, mo
     made = (bare / "digest_rank0.digest").stat().st_mtime_ns
     assert summary._digest_beside((str(trace), "step")) is False  # a current one is there: kept
     assert (bare / "digest_rank0.digest").stat().st_mtime_ns == made
+
+
+def test_the_digests_workers_follow_the_cpus_idle_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers where CPUs idle now (measured over a moment, not the load average's minute); two
+    while every CPU is busy (one where there is one); merge's rule (None) for traces too small
+    for workers to pay."""
+    import multiprocessing
+    import os
+
+    from gputrace.merge import run
+
+    write_small_run(tmp_path, 4, (1, 1))
+    traces = [str(p) for p in sorted(tmp_path.glob("trace_rank*.json"))]
+    assert data.digest_workers(traces) is None  # a few KB
+    idle = data.idle_cpus()
+    cpus = os.cpu_count() or 1
+    assert idle is not None and 0 <= idle <= cpus
+    monkeypatch.setattr(run, "PARALLEL_MIN_BYTES", 1)
+    got = data.digest_workers(traces)
+    assert got is not None and min(cpus, 2) <= got <= max(min(cpus, 8), 1)
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    busy = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(cpus + 1)]
+    for p in busy:
+        p.start()
+    try:
+        import time
+
+        time.sleep(1.0)  # the spinners started (a spawned interpreter's imports)
+        assert data.digest_workers(traces) == min(cpus, 2)
+    finally:
+        stop.set()
+        for p in busy:
+            p.join(10)
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        pass

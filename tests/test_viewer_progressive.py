@@ -19,11 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gputrace import digest, summary
+from gputrace import digest, native, summary
 from gputrace.trace import chrome
 from gputrace.trace.model import Process, Trace, Track
 from gputrace.viewer import background, data, first
 
+from .conftest import TWINS
 from .test_viewer_digests import RANKS, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,9 +98,11 @@ def write_varied(
         (False, False, 1, True),
     ],
 )
+@pytest.mark.parametrize("c", TWINS)
 def test_the_first_documents_steps_are_the_full_documents(
-    tmp_path: Path, marked: bool, warm: bool, skip: int | None, unfinished: bool
+    tmp_path: Path, marked: bool, warm: bool, skip: int | None, unfinished: bool, c: bool, twins_restored: None
 ) -> None:
+    native.use(c)  # the C loops (csrc/first.c) and their Python twins give the same document
     write_varied(tmp_path, 5, 12, marked=marked, warm=warm, unfinished=unfinished)
     job = data.DigestJob(summary.find([str(tmp_path)]), "step", skip, False, [str(tmp_path)])
     doc = first.document(job)
@@ -357,3 +360,24 @@ def test_a_view_ended_by_a_signal_leaves_no_worker_behind(many: Path, ui: Path) 
         view.proc.communicate(timeout=60)
     gone, alive = psutil.wait_procs(workers, timeout=20)
     assert alive == [] and len(gone) == len(workers)
+
+
+@pytest.mark.parametrize("c", TWINS)
+def test_digests_written_before_the_first_documents_c_loops_are_read_by_them(
+    tmp_path: Path, c: bool, twins_restored: None
+) -> None:
+    """tests/golden/digests_v2: three ranks' traces and digests as main's code wrote them before
+    the first document read digests in C (waiting names, a collective marked not one, clock
+    syncs, a warm-up step): the first document is made from them (not refused), and its steps are
+    the full document's."""
+    import shutil
+
+    native.use(c)
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "golden" / "digests_v2", run)  # the kept document goes here, not there
+    job = data.DigestJob(summary.find([str(run)]), "step", None, False, [str(run)])
+    doc = first.document(job)
+    assert doc is not None and doc["partial"] is True
+    full = data.join(*job.compute())
+    assert doc["steps"] == {k: full["steps"][k] for k in doc["steps"]}
+    assert doc["worst"] == full["worst"] and doc["warmup_auto"] is True and doc["steps"]["count"] == 5

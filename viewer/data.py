@@ -254,12 +254,56 @@ def digest_inputs(paths: Sequence[str], step: str = "step") -> Any:
         # trace, ranks in parallel, and written beside it; this view and the next are drawn from
         # them. Where they already are, this is a look at each digest's first bytes.
         try:
-            found = make_digests(found, step)
+            found = make_digests(found, step, digest_workers)  # asked only where digests are to be made
         except GputraceError:
             return None  # not per-rank gputrace traces: read them whole (which says what is wrong)
     if not (found.ranks >= DIGEST_MIN_RANKS or (found.complete and _large(found.traces))):
         return None
     return found
+
+
+#: How long `idle_cpus` watches the CPUs (the kernel counts their time in 10 ms ticks).
+IDLE_SAMPLE_S = 0.1
+
+
+def idle_cpus(sample_s: float = IDLE_SAMPLE_S) -> float | None:
+    """How many of this machine's CPUs were idle over the next `sample_s` seconds (from
+    /proc/stat; None where it cannot be read)."""
+    import time
+
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return fields[3] + fields[4], sum(fields)
+
+    try:
+        idle0, all0 = ticks()
+        time.sleep(sample_s)
+        idle1, all1 = ticks()
+    except (OSError, ValueError, IndexError):
+        return None
+    cpus = os.cpu_count() or 1
+    return cpus * (idle1 - idle0) / (all1 - all0) if all1 > all0 else None
+
+
+def digest_workers(traces: Sequence[str]) -> int | None:
+    """Worker processes for making the digests of `traces` (`summary.make_digests`): one per CPU
+    idle now (at most 8), and two at least on a machine of two CPUs or more, however busy; None
+    (merge's rule, `merge.run.workers_for`) for inputs too small for workers to pay. A digest's
+    worker sends back no trace, only whether it wrote the digest, so workers cost only their
+    start (~0.3 s) and win wherever a second CPU gives them any time: on a busy machine each
+    process gets its share, and two get twice one's. Idle now, measured, not by the load
+    average: that is a minute's mean, and the view run just before leaves it high while the CPUs
+    idle."""
+    from gputrace.merge.run import PARALLEL_MIN_BYTES
+
+    if len(traces) < 4 or sum(os.path.getsize(t) for t in traces if os.path.isfile(t)) < PARALLEL_MIN_BYTES:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cpus < 2:
+        return 1
+    idle = idle_cpus()
+    return max(2, min(round(idle or 0), cpus, 8))
 
 
 @dataclasses.dataclass

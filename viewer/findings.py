@@ -13,9 +13,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from itertools import repeat
 from operator import add, floordiv, gt, itemgetter, mul, sub
+from types import ModuleType
 from typing import Any
 
-from gputrace import stats
+from gputrace import native, stats, stats_columns
 from gputrace.trace.model import Trace
 
 #: Steps shown in the worst-steps list (the same choice as `gputrace summary`: called steps by margin).
@@ -32,6 +33,17 @@ WARMUP_MAX = 5
 WARMUP_MIN_STEPS = 4
 
 
+_hot: ModuleType | None = None
+
+
+def _bind(hot: ModuleType | None) -> None:
+    global _hot
+    _hot = hot if hot is not None and hasattr(hot, "first_others_median") else None
+
+
+native.on_switch(_bind)
+
+
 def others_median(busy: Sequence[Sequence[int]]) -> list[list[int]]:
     """Per rank and step: the median busy time of the *other* ranks in that step. With two ranks
     that is the other rank's time, so a rank 49% slower shows +49%, not the half of it a median
@@ -41,6 +53,19 @@ def others_median(busy: Sequence[Sequence[int]]) -> list[list[int]]:
         return []
     if n == 1:
         return [list(busy[0])]
+    count = min(map(len, busy))
+    if _hot is not None and type(busy) is list and all(len(row) == count for row in busy):
+        try:
+            return _hot.first_others_median(busy, count)  # type: ignore[no-any-return]
+        except OverflowError:
+            pass  # a time past 64 bits: the twin takes Python's ints
+    return _others_median_py(busy)
+
+
+def _others_median_py(busy: Sequence[Sequence[int]]) -> list[list[int]]:
+    """`others_median` of two or more rows (`_hot.first_others_median`, csrc/first.c, is the C
+    twin)."""
+    n = len(busy)
     m = n - 1  # the others
     cols = [sorted(col) for col in zip(*busy)]
     # Whole rows at a time (C-level maps; 64 ranks x 10k steps stay cheap): a choice between two
@@ -72,9 +97,8 @@ def warmup_steps(st: stats.Steps) -> tuple[int, float]:
         return 0, 0.0
     most = min(WARMUP_MAX, st.count // 2)
     # Per step, the longest step time over ranks (whole columns at a time: C-level maps).
-    cols = [map(sub, st.end_ns[r][: st.count], st.start_ns[r][: st.count]) for r in st.start_ns]
-    # map(max, one column) would take each value for an iterable: one rank's column is the times.
-    times = list(cols[0]) if len(cols) == 1 else list(map(max, *cols))
+    cols = [list(map(sub, st.end_ns[r][: st.count], st.start_ns[r][: st.count])) for r in st.start_ns]
+    times = stats_columns.columns(cols, st.count)[0]
     rest = sorted(times[most:])
     med = rest[len(rest) // 2]
     if med <= 0:

@@ -11,8 +11,10 @@ causes (those keys are null): the page says they are being computed.
 
 Its numbers are those of the full document (`data.step_times` over `stats._steps`, on times
 placed by merge's own clock maps): from each digest it reads only the span rows (no cover, no
-per-name aggregates), decodes only the steps and collectives, and does none of the cross-rank
-work of `stats.summarize` (the breakdown, matching collectives, the names' statistics).
+per-name aggregates), in one pass over the parsed columns that checks them and picks the steps
+and the collectives by either rule (`_hot.first_rows`, csrc/first.c; `_rows_py` its twin), and
+does none of the cross-rank work of `stats.summarize` (the breakdown, matching collectives, the
+names' statistics).
 None where that shortcut does not hold (a rank without a fresh digest of these steps, no steps,
 a skip that leaves none): the caller computes the full document at once, which says what is
 wrong where something is.
@@ -21,12 +23,13 @@ wrong where something is.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, compress, islice, repeat
-from operator import and_, eq, itemgetter, le
+from operator import add, eq, le
+from types import ModuleType
 from typing import Any
 
-from gputrace import stats
+from gputrace import native, stats
 from gputrace.errors import GputraceError
 from gputrace.trace import digestfile
 
@@ -39,56 +42,120 @@ _EMPTY_STATS: dict[str, list[Any]] = {
 }
 
 
-_SMALL = bytes(range(256))
-#: Flags -> 1 for a finished row (bytes.translate tables), and for a finished row marked
-#: collective=True.
-_FINISHED = bytes(0 if f & digestfile.UNFINISHED else 1 for f in range(256))
-_MARKED_FINISHED = bytes(
-    1 if f & (digestfile.COLL_TRUE | digestfile.UNFINISHED) == digestfile.COLL_TRUE else 0 for f in range(256)
-)
+#: A name's kind in a digest's rows (`_rows_py`'s `kinds`): the step, a name that waits (a
+#: collective by its name, `stats.WAIT_NAMES`), another.
+_OTHER, _STEP, _WAITING = 0, 1, 2
+
+_hot: ModuleType | None = None
+#: What `_rows_py` gives.
+_RowsRead = tuple[int, bool, bytes, bytes, bytes, tuple[tuple[bytes, bytes, bytes], ...]]
 
 
-def _within(col: list[int], count: int) -> bool:
-    """Are all of `col` in [0, count)?"""
-    if count <= 256:
-        try:
-            return not bytes(col).translate(None, _SMALL[:count])
-        except ValueError:  # a value outside 0-255
-            return False
-    return 0 <= min(col) <= max(col) < count
+def _bind(hot: ModuleType | None) -> None:
+    global _hot
+    _hot = hot if hot is not None and hasattr(hot, "first_rows") else None
+
+
+native.on_switch(_bind)
+
+
+def _rows_py(
+    name: list[int],
+    track: list[int],
+    start: list[int],
+    dur: list[int],
+    flags: list[int],
+    base: int,
+    kinds: bytes,
+    n_tracks: int,
+) -> _RowsRead:
+    """A digest's span columns (as the parsed file gives them: lists of ints, `start` as deltas
+    from `base`, the first from `base`) read once: the flags or-ed; whether the rows are in start
+    order; per track (of `n_tracks`) its rows' least start and largest end and whether it has
+    rows (bytes of int64, int64, a byte each); and the finished rows of three kinds, in row
+    order, each as (start, end, track) bytes of int64: the steps (`kinds[name]` is _STEP), the
+    rows marked collective=True, and the rows of a waiting name (_WAITING) not marked
+    collective at all. ValueError for columns the digest's reader would refuse (`_hot.first_rows`
+    is the C twin)."""
+    cols = (name, track, start, dur, flags)
+    n = len(name)
+    if not all(type(c) is list for c in cols) or any(len(c) != n for c in cols):
+        raise ValueError("first_rows: span columns of different lengths")
+    lo64, hi64 = -(2**63), 2**63 - 1
+    for c in cols:
+        if c and (set(map(type, c)) != {int} or min(c) < lo64 or max(c) > hi64):
+            raise ValueError("first_rows: a column holds something other than a 64-bit integer")
+    if n and (min(flags) < 0 or max(flags) > 7):
+        raise ValueError("first_rows: a span's flags out of range")
+    if n and (min(track) < 0 or max(track) >= n_tracks or min(name) < 0 or max(name) >= len(kinds) or min(dur) < 0):
+        raise ValueError("first_rows: a span out of range")
+    starts = list(accumulate(start, initial=base))
+    del starts[0]
+    ends = list(map(add, starts, dur))
+    if n and (min(starts) < lo64 or max(starts) > hi64 or max(ends) > hi64):
+        raise ValueError("first_rows: a time past 64 bits")
+    in_order = n < 2 or min(islice(start, 1, None)) >= 0
+    flags_or = 0
+    for f in set(flags):
+        flags_or |= f
+    n_tracks = max(n_tracks, 0)
+    lo, hi, has = [0] * n_tracks, [0] * n_tracks, bytearray(n_tracks)
+    for t in set(track):
+        on = list(map(eq, track, repeat(t)))
+        lo[t], hi[t], has[t] = min(compress(starts, on)), max(compress(ends, on)), 1
+    finished = [not f & digestfile.UNFINISHED for f in flags]
+    picks = (
+        [i for i in range(n) if finished[i] and kinds[name[i]] == _STEP],
+        [i for i in range(n) if finished[i] and flags[i] & digestfile.COLL_TRUE],
+        [i for i in range(n) if finished[i] and kinds[name[i]] == _WAITING and not flags[i] & digestfile.COLL],
+    )
+    gathered = [(_gather(starts, idx), _gather(ends, idx), _gather(track, idx)) for idx in picks]
+    return (
+        flags_or,
+        in_order,
+        array("q", lo).tobytes(),
+        array("q", hi).tobytes(),
+        bytes(has),
+        tuple(gathered),
+    )
+
+
+def _gather(col: list[int], idx: list[int]) -> bytes:
+    return array("q", [col[i] for i in idx]).tobytes()
+
+
+def _int64s(b: bytes) -> array[int]:
+    out = array("q")
+    out.frombytes(b)
+    return out
+
+
+class _Picked:
+    """Rows of one kind of a rank's digest (`_rows_py`): their starts, ends and tracks."""
+
+    def __init__(self, got: tuple[bytes, bytes, bytes]) -> None:
+        self.start, self.end, self.track = (_int64s(b) for b in got)
 
 
 class _Rank:
     """One rank's digest as the first document reads it: its header (a `RankDigest` whose trace
-    holds the process and tracks, no spans) and its span rows as the file's columns."""
+    holds the process and tracks, no spans) and, read from its span rows (`_rows_py`), what the
+    page draws: its time range per track, its steps and its collectives by either rule."""
 
-    def __init__(self, digest: digestfile.RankDigest, names: list[str], spans: dict[str, Any]) -> None:
+    def __init__(self, digest: digestfile.RankDigest, names: list[str], spans: dict[str, Any], step: str) -> None:
         self.digest = digest
-        self.names = names
-        self.name: list[int] = spans["name"]
-        self.track: list[int] = spans["track"]
-        self.dur: list[int] = spans["dur"]
-        self.flags: list[int] = spans["flags"]
-        deltas = spans["start"]
-        self.start = list(accumulate(deltas, initial=digest.trace.metadata["base_ns"]))  # type: ignore[union-attr]
-        del self.start[0]
-        # The rows in start order (the recorder writes them so): no deltas below zero.
-        self.in_order = len(deltas) < 2 or min(islice(deltas, 1, None)) >= 0
-        n = len(self.name)
-        tracks = len(digest.trace.tracks)  # type: ignore[union-attr]
-        # What the digest's reader checks of these columns (C-level passes): a digest it would
-        # refuse is not read here either.
-        if not len(self.track) == len(self.dur) == len(self.flags) == len(self.start) == n:
-            raise ValueError("span columns of different lengths")
-        # Flags (0-7), and tracks and names where they are fewer than 256, as bytes: checked and
-        # picked from at C speed (bytes() refuses any other value).
-        self.flag_bytes = bytes(self.flags)
-        if self.flag_bytes.translate(None, _SMALL[:8]):
-            raise ValueError("a span's flags out of range")
-        if n and not (_within(self.track, tracks) and _within(self.name, len(names)) and min(self.dur) >= 0):
-            raise ValueError("a span out of range")
-        # Each row's end (the time range, and the rows' ends).
-        self.end = list(map(int.__add__, self.start, self.dur))
+        trace = digest.trace
+        assert trace is not None
+        kinds = bytes(_STEP if x == step else _WAITING if stats.WAIT_NAMES.search(x) else _OTHER for x in names)
+        cols = [spans[k] for k in ("name", "track", "start", "dur", "flags")]
+        base = trace.metadata["base_ns"]
+        rows: Callable[..., _RowsRead] = _hot.first_rows if _hot is not None else _rows_py
+        got = rows(*cols, base, kinds, len(trace.tracks))
+        self.flags_or, self.in_order, lo, hi, has, groups = got
+        self.n = len(cols[0])
+        self.lo, self.hi = _int64s(lo), _int64s(hi)
+        self.tracks = [t for t, h in enumerate(has) if h]
+        self.steps, self.marked, self.waits = (_Picked(g) for g in groups)
 
 
 def _read(trace_path: str, digest_path: str, step: str) -> _Rank | None:
@@ -105,7 +172,7 @@ def _read(trace_path: str, digest_path: str, step: str) -> _Rank | None:
         if d.version < 2 or d.step_name != step or not digestfile.fresh(d, trace_path) or not isinstance(spans, dict):
             return None
         names = [x if type(x) is str else str(x) for x in doc["names"]]
-        return _Rank(d, names, spans)
+        return _Rank(d, names, spans, step)
     except (GputraceError, KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError):
         return None  # whatever is wrong, the full document's reader says it
 
@@ -143,13 +210,11 @@ def _document(job: data.DigestJob) -> dict[str, Any] | None:
     if len(by_rank) != len(ranks_read):
         return None  # two files of one rank: the full document's merge says what to do
     rows = _Rows()
-    # The collective rule of `stats.summarize`, over every rank's rows.
-    marked_true = any(f & digestfile.COLL_TRUE for r in ranks_read for f in set(r.flag_bytes))
-    any_marked = any(f & digestfile.COLL for r in ranks_read for f in set(r.flag_bytes))
+    marked_true = any(r.flags_or & digestfile.COLL_TRUE for r in ranks_read)
     lo: list[int] = []
     hi: list[int] = []
     for slot, rank in enumerate(ranks):
-        rows.add(slot, by_rank[rank], job.step, maps.host.get(rank), maps.device.get(rank), marked_true, any_marked)
+        rows.add(slot, by_rank[rank], maps.host.get(rank), maps.device.get(rank), marked_true)
         a, b = rows.lo[slot], rows.hi[slot]
         if a is not None and b is not None:
             lo.append(a)
@@ -235,70 +300,33 @@ class _Rows:
         self.hi: list[int | None] = []
         self.anchor: list[int] = []
 
-    def add(
-        self,
-        slot: int,
-        r: _Rank,
-        step: str,
-        host: Any,
-        device: Any,
-        marked_true: bool,
-        any_marked: bool,
-    ) -> None:
+    def add(self, slot: int, r: _Rank, host: Any, device: Any, marked_true: bool) -> None:
         trace = r.digest.trace
         assert trace is not None
         self.anchor.append(stats._anchor_uncertainty(trace.metadata))
         # Each track's map: the device's for a rank's CUDA tracks where its syncs were refined.
         fns = [device if (t.kind == "cuda" and device is not None) else host for t in trace.tracks]
-        n = len(r.name)
-        if not n:
+        if not r.n:
             self.lo.append(None)
             self.hi.append(None)
             return
         # The time range of all its rows (the full document's base and duration): the maps are
-        # monotone, so each map's first start and last end, placed.
-        los, his = [], []
-        if len({id(f) for f in fns}) == 1:
-            los.append(_place(fns[0], [r.start[0] if r.in_order else min(r.start)])[0])
-            his.append(_place(fns[0], [max(r.end)])[0])
-        else:
-            for ti in set(r.track):
-                on = list(map(eq, r.track, repeat(ti)))
-                los.append(_place(fns[ti], [min(compress(r.start, on))])[0])
-                his.append(_place(fns[ti], [max(compress(r.end, on))])[0])
-        self.lo.append(min(los))
-        self.hi.append(max(his))
-        # Finished spans only (C-level passes; none to look for where no flag says unfinished).
-        unfinished = max(r.flag_bytes) >= digestfile.UNFINISHED  # flags are 0-7: the bit set
-        finished: Any = r.flag_bytes.translate(_FINISHED) if unfinished else None
-        step_ids = [k for k, x in enumerate(r.names) if x == step]
-        if len(step_ids) == 1:
-            is_step = map(eq, r.name, repeat(step_ids[0]))
-            steps = list(compress(range(n), is_step if finished is None else map(and_, is_step, finished)))
-        else:  # names the digest's cleaning made equal
-            steps = [i for i in range(n) if (finished is None or finished[i]) and r.name[i] in step_ids]
-        if marked_true:
-            # The spans marked collective=True (the step span too, were it marked).
-            colls = list(compress(range(n), r.flag_bytes.translate(_MARKED_FINISHED)))
-        else:
-            waits = {k for k, x in enumerate(r.names) if x != step and stats.WAIT_NAMES.search(x)}
-            colls = [
-                i
-                for i in range(n)
-                if (finished is None or finished[i])
-                and r.name[i] in waits
-                and not (any_marked and r.flags[i] & digestfile.COLL and not r.flags[i] & digestfile.COLL_TRUE)
-            ]
-        in_order = r.in_order
-        for idx in (steps, colls):
+        # monotone, so each track's first start and last end, placed.
+        self.lo.append(min(_place(fns[t], [r.lo[t]])[0] for t in r.tracks))
+        self.hi.append(max(_place(fns[t], [r.hi[t]])[0] for t in r.tracks))
+        # The collective rule of `stats.summarize` (over every rank's rows): the spans marked
+        # collective=True where any is (the step span too, were it marked); else the finished
+        # spans of a waiting name, but those marked collective=False where any span is marked.
+        one_map = len({id(f) for f in fns}) == 1
+        for picked in (r.steps, r.marked if marked_true else r.waits):
             at = len(self.start)
-            _append(self.start, _placed(fns, r.track, idx, _at(r.start, idx)))
-            _append(self.end, _placed(fns, r.track, idx, _at(r.end, idx)))
-            rows = list(range(at, at + len(idx)))
+            _append(self.start, _placed(fns, picked.track, picked.start))
+            _append(self.end, _placed(fns, picked.track, picked.end))
+            rows = list(range(at, len(self.start)))
             # In start order (the order `stats.summarize` takes them in, ties in trace order): as
             # they are where the digest's rows are and one map placed them all.
-            rows = rows if in_order and len(set(map(id, fns))) == 1 else _by_start(rows, self.start)
-            if idx is steps:
+            rows = rows if r.in_order and one_map else _by_start(rows, self.start)
+            if picked is r.steps:
                 if rows:
                     self.step_idx[slot] = rows
             else:
@@ -342,24 +370,16 @@ def _append(col: array[int], values: Sequence[int]) -> None:
         col.fromlist(values if isinstance(values, list) else list(values))
 
 
-def _at(values: list[int], idx: list[int]) -> Sequence[int]:
-    """values[i] for i in idx, gathered at C speed."""
-    if len(idx) > 1:
-        return itemgetter(*idx)(values)  # type: ignore[no-any-return]
-    return [values[i] for i in idx]
-
-
-def _placed(fns: list[Any], track: list[int], idx: list[int], times: Sequence[int]) -> Sequence[int]:
-    """`times` (of rows `idx`, in that order), each through its row's track's map (one call per
-    map)."""
+def _placed(fns: list[Any], tracks: array[int], times: array[int]) -> Sequence[int]:
+    """`times` (of rows on `tracks`), each through its row's track's map (one call per map)."""
     if len({id(f) for f in fns}) <= 1:
         return _place(fns[0] if fns else None, times)
-    out = array("q", bytes(8 * len(idx)))
+    out = array("q", bytes(8 * len(times)))
     by_fn: dict[int, list[int]] = {}
-    for j, i in enumerate(idx):
-        by_fn.setdefault(id(fns[track[i]]), []).append(j)
+    for j, t in enumerate(tracks):
+        by_fn.setdefault(id(fns[t]), []).append(j)
     for js in by_fn.values():
-        fn = fns[track[idx[js[0]]]]
+        fn = fns[tracks[js[0]]]
         for j, v in zip(js, _place(fn, [times[j] for j in js])):
             out[j] = v
     return out

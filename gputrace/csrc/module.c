@@ -4,6 +4,8 @@
 #include "hot.h"
 
 int gt_stats_init(PyObject *m); /* stats.c: the statistics' loops (after digest.c's, whose column reader it uses) */
+int gt_first_init(PyObject *m); /* first.c: the page's first document from a digest's rows */
+int gt_readx_init(PyObject *m); /* readx.c: a Chrome JSON trace's plain X events to columns */
 
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "gputrace._hot", "gputrace's span hot path in C (see record.py for its Python twin).", -1,
@@ -42,7 +44,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *m = PyModule_Create(&hot_module);
     if (!m) return NULL;
     if (gt_span_init(m) < 0 || gt_resolve_init(m) < 0 || gt_encode_init(m) < 0 || gt_digest_init(m) < 0 ||
-        gt_writer_init(m) < 0 || gt_events_init(m) < 0 || gt_stats_init(m) < 0)
+        gt_writer_init(m) < 0 || gt_events_init(m) < 0 || gt_stats_init(m) < 0 || gt_first_init(m) < 0 || gt_readx_init(m) < 0)
         goto fail;
     PyObject *layout = layout_tuple();
     if (!layout || PyModule_AddObject(m, "LAYOUT", layout) < 0) { Py_XDECREF(layout); goto fail; }

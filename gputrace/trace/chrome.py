@@ -74,11 +74,16 @@ from gputrace.trace.model import Process, Trace, Track, _NoCats
 # piece of a recorder's columns (same bytes again; its lanes: layout.py); None: the Python loops.
 _encode_events: Any = None
 _encode_rows: Any = None
+# The reader's C loop over plain X events (csrc/readx.c; the loop in `_Builder.add` is its twin),
+# where the columns it fills take 8-byte items.
+_read_x_rows: Any = None
 
 
 def _bind(hot: Any) -> None:
-    global _encode_events, _encode_rows
+    global _encode_events, _encode_rows, _read_x_rows
     _encode_events, _encode_rows = (hot.encode_events, hot.encode_rows) if hot is not None else (None, None)
+    fits = array("l").itemsize == 8
+    _read_x_rows = getattr(hot, "read_x_rows", None) if hot is not None and fits else None
 
 
 native.on_switch(_bind)
@@ -581,7 +586,17 @@ class _Builder:
         xa_append, xc_append = self.x_args.append, self.x_cat.append
         plain_cats = ("cuda", "cpu", None)
         keys = self.keys
-        for e in events:
+        # The plain X events go to the columns in C, until one that is not (`_read_x_rows`,
+        # csrc/readx.c): that one is taken below, then C goes on after it.
+        fast = _read_x_rows if len(events) > 16 else None
+        i, n_events = 0, len(events)
+        while i < n_events:
+            if fast is not None:
+                i = self._add_x_rows(fast, events, i)
+                if i >= n_events:
+                    break
+            e = events[i]
+            i += 1
             if type(e) is not dict:
                 continue
             ph = e.get("ph")
@@ -687,6 +702,18 @@ class _Builder:
                         extra["dur_ns"] = dur
                 extra["process"] = process_of(extra.pop("pid", None))
                 trace.extra.append(extra)
+
+    def _add_x_rows(self, fast: Callable[..., Any], events: list[Any], i: int) -> int:
+        """Take events[i:] while they are plain X events by the C loop; the index it stopped at."""
+        cats = self.x_cat if self.keys is None else None
+        got = fast(events, i, self.facts[0], self.track_index, self.trace._name_index, self.keys, self.x_args, cats)
+        i, s, e, n, t = got  # the args and categories appended in place
+        if s:
+            self.x_start.frombytes(s)
+            self.x_end.frombytes(e)
+            self.x_name.frombytes(n)
+            self.x_track.frombytes(t)
+        return i
 
     def finish(self, final: _Builder | None = None) -> Trace:
         """The trace of every event taken; `final`: a builder made of the file's whole header
