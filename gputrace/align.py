@@ -20,6 +20,8 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gputrace.errors import GputraceError
+
 #: Syncs closer together than this are one measurement (the best of them is kept): a slope
 #: between two points a few milliseconds apart would be all noise.
 MIN_SYNC_SPACING_NS = 1_000_000_000
@@ -79,7 +81,16 @@ class ClockMap:
         return t + o + round(slope * (t - a))
 
     def column(self, values: Sequence[int]) -> array[int]:
-        """The map over a column of times, as a new array('q')."""
+        """The map over a column of times, as a new array('q'). A time mapped past 64 bits of ns
+        (a file's base or clock syncs at the edge of the range) raises GputraceError."""
+        try:
+            return self._column(values)
+        except OverflowError:
+            raise GputraceError(
+                "clock alignment puts times past 64-bit nanoseconds: a trace's base time or clock syncs are out of range"
+            ) from None
+
+    def _column(self, values: Sequence[int]) -> array[int]:
         if not self.knots:
             return array("q", values)
         if self.constant:

@@ -497,3 +497,33 @@ def test_the_digest_files_histograms_are_the_digests() -> None:
     from gputrace.trace import digestfile
 
     assert digestfile.HIST_BUCKETS == len(digest._BOUND) - 1  # the buckets a digest reader accepts
+
+
+def test_a_base_time_at_the_edge_of_64_bits_is_one_line_from_summary(tmp_path: Path) -> None:
+    """A trace whose baseTimeNanoseconds is -2**63 (in range, so read) with clock syncs: their
+    alignment would move times past 64 bits."""
+    from gputrace.trace import chrome
+    from gputrace.trace.model import Process, Trace, Track
+
+    base = 1_764_000_000_000_000_000
+    for r in range(2):
+        syncs = [
+            {"at_ns": base, "offset_ns": 7 + r, "error_ns": 900},
+            {"at_ns": base + 3_000_000_000, "offset_ns": 2_007 + r, "error_ns": 900},
+        ]
+        meta = {"gputrace_version": "t", "rank": r, "world_size": 2, "run_id": "x", "clock": {"sync_to_rank0": syncs}}
+        t = Trace(dict(meta))
+        p = t.add_process(Process(r + 1, r, f"rank {r}", r, meta))
+        tr = t.add_track(Track(p, 2, "cuda:0 stream 7", "cuda", 0, 7))
+        for k in range(4):
+            t.add_span("step", tr, base + 10_000_000 * k, base + 10_000_000 * k + 5_000_000)
+        chrome.write(t, str(tmp_path / f"trace_rank{r}.json"))
+    p0 = tmp_path / "trace_rank0.json"
+    text = p0.read_text()
+    assert f'"baseTimeNanoseconds": {base}' in text
+    p0.write_text(text.replace(f'"baseTimeNanoseconds": {base}', '"baseTimeNanoseconds": -9223372036854775808', 1))
+    run = subprocess.run(
+        [sys.executable, "-m", "gputrace", "summary", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-400:]
+    assert "64-bit" in run.stderr and len(run.stderr.strip().splitlines()) == 1
