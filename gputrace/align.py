@@ -87,7 +87,7 @@ class ClockMap:
             return self._column(values)
         except OverflowError:
             raise GputraceError(
-                "clock alignment puts times past 64-bit nanoseconds: a trace's base time or clock syncs are out of range"
+                "clock alignment puts times past 64-bit nanoseconds: a base time or clock syncs are out of range"
             ) from None
 
     def _column(self, values: Sequence[int]) -> array[int]:
