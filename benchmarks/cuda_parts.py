@@ -51,10 +51,14 @@ def one_run(torch: Any, steps: int, per: int, kernels: bool = True) -> dict[str,
     gputrace.enable()
     x = torch.zeros(1, device="cuda")
     span, flush = gputrace.span, gputrace.flush
-    for _ in range(2 * per):  # the pools and tracks, made before the clock starts
-        with span("op"):
-            x.add_(1)
+    for _ in range(20):  # the pools and tracks, made before the clock starts (a job's first steps)
+        for _ in range(per):
+            with span("op"):
+                x.add_(1)
+        flush()
     session.SESSION.flush(wait=True)
+    if record.ACTIVE is not None:
+        record.ACTIVE.take_resolved()  # the warm-up's rows are not the run's
     torch.cuda.synchronize()
     SPENT.clear()
     CALLS.clear()

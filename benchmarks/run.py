@@ -364,14 +364,17 @@ def _whole_no_kernels(torch: Any, steps: int, per: int, directory: str) -> float
     """ns a span of everything a user pays for `steps` x `per` CUDA spans around no work (so no
     kernel launch is subtracted: nothing but gputrace runs), a flush each `per` spans and the
     save of the trace and its digest, gc on, against the runtime floor measured in turns with
-    it. A fresh recorder, as a job starts; its pools and tracks warmed by a step's worth of
-    spans first, whose rows are then dropped."""
+    it. A fresh recorder, as a job starts; its pools and tracks warmed by the first 20 steps
+    (the events a job makes once, in its first steps, whatever its length), whose rows are then
+    dropped."""
     reset()
     gputrace.enable()
     span, flush = gputrace.span, gputrace.flush
-    for _ in range(per):
-        with span("op"):
-            pass
+    for _ in range(20):
+        for _ in range(per):
+            with span("op"):
+                pass
+        flush()
     session.SESSION.flush(wait=True)
     rec = record.ACTIVE
     assert rec is not None
