@@ -1239,7 +1239,10 @@ def read(path: str, data: bytes | None = None) -> Trace:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_packet_batches(path, data))
+    reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN))
+    batches = _packet_batches(path, data)
+    del data  # the file's bytes go with the last batch, before the columns are made
+    return reader.build(batches)
 
 
 def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None = None) -> Trace:
@@ -1255,7 +1258,9 @@ def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None 
         raise TraceFormatError(path, "empty file")
     kept = frozenset(keys) if keys is not None else False
     reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN), args=kept)
-    return reader.build(_packet_batches(path, data))
+    batches = _packet_batches(path, data)
+    del data  # the file's bytes go with the last batch, before the columns are made
+    return reader.build(batches)
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -1386,18 +1391,18 @@ class _Seq:
 
 
 class _Spans:
-    """One track's finished spans while reading, in columns: names (the interned strings
-    themselves), start and end as read (before the base), args and categories (a whole read:
+    """One track's finished spans while reading, in columns: names (as the reader numbers them,
+    `_Reader.name_code`), start and end as read (before the base), args and categories (a whole read:
     each span's row in the reader's `PackedArgs` and its category's code, 4 bytes each; a read
     of named arguments: their dicts, and no categories)."""
 
     __slots__ = ("name", "start", "end", "args", "cat")
 
-    def __init__(self) -> None:
-        self.name: list[str] = []
+    def __init__(self, packed: bool) -> None:
+        self.name: Any = array("i")
         self.start: Any = array("q")
         self.end: Any = array("q")
-        self.args: Any = []
+        self.args: Any = array("i") if packed else []
         self.cat: Any = array("i")
 
     def widen(self, start: int, end: int) -> None:
@@ -1428,13 +1433,14 @@ class _Reader:
         # A whole read's arguments, packed as the spans end (no dict a span is kept), and its
         # categories, interned (code 0: none).
         self.packed = PackedArgs()
+        self.name_code: dict[str, int] = {}  # span names, numbered as first met (the file's order)
         self.cat_names: list[str | None] = [None]
         self.cat_code: dict[str, int] = {}
 
     def build(self, batches: Iterable[Any]) -> Trace:
         """The trace of the file's packets, given a batch of them at a time."""
         self.seqs: dict[int, _Seq] = {}
-        self.open: dict[int, list[tuple[str, int, Any, Any, int]]] = {}
+        self.open: dict[int, list[tuple[int, int, Any, Any, int]]] = {}
         for packets in batches:
             self._packets(packets)
         # Spans still open at the end were cut off mid-write (their end never came): left out.
@@ -1444,7 +1450,7 @@ class _Reader:
         seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
         keep = self.args is not False
         named = self.args if isinstance(self.args, frozenset) else None
-        pack, cat_names, cat_code = self.packed.pack, self.cat_names, self.cat_code
+        pack, cat_names, cat_code, name_code = self.packed.pack, self.cat_names, self.cat_code, self.name_code
         for p in packets:
             sid = p.trusted_packet_sequence_id
             st = seqs.get(sid)
@@ -1473,7 +1479,10 @@ class _Reader:
                 uuid = te.track_uuid or st.track
                 t = te.type
                 if t == _BEGIN:
-                    name = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
+                    text = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
+                    name = name_code.get(text)
+                    if name is None:
+                        name = name_code[text] = len(name_code)
                     a = None
                     cat = 0
                     if named is not None:
@@ -1499,14 +1508,14 @@ class _Reader:
                 elif t == _END:
                     stack = open_.get(uuid)
                     if stack:
-                        name, t0, a, cat, flow = stack.pop()
+                        code, t0, a, cat, flow = stack.pop()
                         done = spans.get(uuid)
                         if done is None:
-                            done = spans[uuid] = _Spans()
+                            done = spans[uuid] = _Spans(keep and named is None)
                         if flow:
                             self.flows_in.setdefault(uuid, []).append((len(done.name), flow))
                         # The one place a span's fields become columns.
-                        done.name.append(name)
+                        done.name.append(code)
                         try:
                             done.start.append(t0)
                             done.end.append(ts)
@@ -1695,6 +1704,7 @@ class _Reader:
         # Columns of None that take no memory where nothing was kept; a whole read's arguments
         # stay packed (the tracks' rows join its `at`), its categories a list only where it has one.
         cat_names = self.cat_names
+        text = list(self.name_code)  # by the reader's number
         with_cats = keep and not named and len(cat_names) > 1
         args_col: Any = self.packed if keep and not named else spans.args if keep else _NoCats(0)
         cat_col: Any = [] if with_cats else _NoCats(0)
@@ -1722,9 +1732,12 @@ class _Reader:
                     cats = [cats[i] for i in kept] if with_cats else cats
             del c
             n = len(names)
-            ids = {nm: intern(nm) for nm in dict.fromkeys(names)}  # first-seen order: the same numbering every run
+            # The trace numbers names as each track first has them, tracks in order: the same
+            # numbering every run.
+            ids = {k: intern(text[k]) for k in dict.fromkeys(names)}
             entry = self._entries(uuid, len(spans), n, entry, base)
-            spans.name.extend(array("l", map(ids.__getitem__, names)))
+            same = all(k == i for k, i in ids.items())
+            spans.name.extend(array("l", names) if same else array("l", map(ids.__getitem__, names)))
             del names
             spans.track.extend(array("l", [t]) * n)
             spans.start.extend(starts)
