@@ -1524,7 +1524,7 @@ class _Reader:
                         if named is not None:
                             done.args.append(a)
                         elif keep:
-                            done.args.append(pack(a))
+                            done.args.append(-1 if a is None else pack(a))
                             done.cat.append(cat)
                 elif t == _INSTANT and te.flow_ids:
                     self._launch(st, uuid, ts, te)
