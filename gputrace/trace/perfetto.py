@@ -1249,9 +1249,9 @@ def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None 
     """`read`, keeping of the spans' arguments only those named in `keys`, and no categories: for
     a stage that looks at nothing else (the statistics: `collective`, `unfinished`, `cover`).
     Each span's args is a dict of the named ones it has, else None, in a plain list, and its
-    category None, in a column of no memory (merge moves both into its trace rather than copying). `keys` None: neither
-    column takes memory (columns of None), for a check that looks only at names, tracks and
-    times (validate), a third of the columns' bytes."""
+    category None, in a column of no memory (merge moves both into its trace rather than
+    copying). `keys` None: neither column takes memory (columns of None), for a check that looks
+    only at names, tracks and times (validate), a third of the columns' bytes."""
     if data is None:
         data = read_bytes(path)
     if not data:
