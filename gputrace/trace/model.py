@@ -250,11 +250,11 @@ class PackedArgs(list):  # type: ignore[type-arg]
         return {k: objs[v] if b else v for k, b, v in zip(keys, kinds, values)}
 
     def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            row = self._row
-            return [None if j < 0 else row(j) for j in self.at[i]]
-        j = self.at[i]
-        return None if j < 0 else self._row(j)
+        if type(i) is not slice:  # a writer reads a row at a time: this first
+            j = self.at[i]
+            return None if j < 0 else self._row(j)
+        row = self._row
+        return [None if j < 0 else row(j) for j in self.at[i]]
 
     def __len__(self) -> int:
         return len(self.at)
