@@ -65,7 +65,7 @@ def test_read_spans_keeps_the_named_arguments_alone(files: dict[str, Path], ext:
     want = [{k: v for k, v in (a or {}).items() if k in stats_columns.ARGS} or None for a in whole.spans.args]
     assert type(lean.spans.args) is list and lean.spans.args == want
     assert sum(a is not None for a in want) > 50  # the collectives and the unfinished span
-    assert type(lean.spans.cat) is list and lean.spans.cat == [None] * len(whole.spans)
+    assert list(lean.spans.cat) == [None] * len(whole.spans)
     # No keys: neither column takes memory, and every span reads as None.
     bare = FORMATS[ext].read_spans(path)
     assert len(bare.spans.args) == len(bare.spans.cat) == len(whole.spans)

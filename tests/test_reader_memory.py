@@ -205,3 +205,50 @@ def test_summary_and_the_views_page_hold_columns_not_argument_dicts(tmp_path: Pa
         f"{op} of {path.stat().st_size / 1e6:.1f} MB ({events:,} events) held {got['peak'] / 1e6:.1f} MB "
         f"> {bound / 1e6:.1f} MB"
     )
+
+
+WHOLE_CHILD = r"""
+import json, sys
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+from gputrace import heap, merge
+from gputrace.trace import perfetto
+from gputrace.viewer import data
+op, path = sys.argv[1], sys.argv[2]
+heap.map_large_blocks()  # as the commands (gputrace merge, gputrace view) set it
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM from here
+if op == "timeline":  # what the view's timeline reads: the whole trace, every argument
+    t = data.load([path])
+else:
+    out = path + ".merged.pftrace"
+    merge.merge([path], out, workers=1)
+peak = status("VmHWM:") - before
+if op != "timeline":
+    t = perfetto.read(out)
+print(json.dumps({"peak": peak, "n": len(t.spans), "args": sum(a is not None for a in t.spans.args)}))
+"""
+
+
+@pytest.mark.parametrize("op", ["timeline", "merge"])
+def test_a_whole_protobuf_read_holds_no_dict_a_span(tmp_path: Path, op: str) -> None:
+    """Merge and the view's timeline read a protobuf trace whole, every argument and category:
+    within 80 bytes an event above the imports and half a batch, where a dict of arguments a
+    span that has them and a pointer a span for the arguments and for the categories held ~100
+    (a larger trace than above, so what grows with the events is not hidden by what does not)."""
+    events = 5 * EVENTS
+    path = tmp_path / "big.pftrace"
+    trace = stepped_trace(events)
+    perfetto.write(trace, str(path))
+    r = subprocess.run([sys.executable, "-c", WHOLE_CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["n"] == len(trace.spans) and got["args"] == sum(a is not None for a in trace.spans.args)
+    bound = 80 * events + BATCH // 2
+    assert got["peak"] <= bound, (
+        f"{op} of {path.stat().st_size / 1e6:.1f} MB ({events:,} events) held {got['peak'] / 1e6:.1f} MB "
+        f"> {bound / 1e6:.1f} MB"
+    )

@@ -22,7 +22,7 @@ from gputrace import align as al
 from gputrace.errors import MergeError
 from gputrace.merge.select import Selection, step_notes
 from gputrace.merge.sources import SORT_SLOTS, Plan, Source, merged_ranks
-from gputrace.trace.model import Process, SpanColumns, Trace
+from gputrace.trace.model import PackedArgs, Process, SpanColumns, Trace, _NoCats
 from gputrace.version import __version__
 
 # ---- alignment ----------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def take(
             o.start.extend(starts)
             o.end.extend(ends)
             o.args.extend(sp.args if isinstance(sp.args, list) else [sp.args[i] for i in range(n)])
-            o.cat.extend(sp.cat if type(sp.cat) is list else [sp.cat[i] for i in range(n)])
+            _extend_cat(o, sp.cat)
         del names_col, tracks_col
         res.spans = n
     else:
@@ -319,7 +319,7 @@ def take(
         o.start.extend(array("q", [starts[i] for i in rows]))
         o.end.extend(array("q", [ends[i] for i in rows]))
         o.args.extend([args[i] for i in rows])
-        o.cat.extend([cats[i] for i in rows])
+        _extend_cat(o, [cats[i] for i in rows])
         res.spans = len(rows)
     take_entry(o, before, sp, rows, host_fn)
     _take_counters(out, trace, track_map, track_fn, sel, ctx, windows, proc_rank)
@@ -332,13 +332,24 @@ _IDENTITY = al.ClockMap()
 
 def _movable(o: SpanColumns, *columns: Any) -> bool:
     """Can these columns become `o`'s as they are: arrays of `o`'s own typecodes, and `sp`'s
-    args and cat plain lists (what `o` extends later)?"""
+    args and cat columns that `o` can extend later (plain lists, packed arguments, categories of
+    None that `_extend_cat` makes a list when others come)?"""
     *arrays, sp = columns
     same = all(
         isinstance(c, array) and c.typecode == mine.typecode
         for c, mine in zip(arrays, (o.name, o.track, o.start, o.end))
     )
-    return same and type(sp.args) is list and type(sp.cat) is list
+    return same and type(sp.args) in (list, PackedArgs) and type(sp.cat) in (list, _NoCats)
+
+
+def _extend_cat(o: SpanColumns, cats: Sequence[str | None]) -> None:
+    """`cats` after `o`'s categories: `o`'s stay a column of no memory while they are all None."""
+    if type(o.cat) is _NoCats:
+        if type(cats) is _NoCats or (type(cats) is list and cats.count(None) == len(cats)):
+            o.cat.extend(cats)
+            return
+        o.cat = o.cat.dense()
+    o.cat.extend(cats if type(cats) is list else [cats[i] for i in range(len(cats))])
 
 
 def take_entry(
@@ -603,7 +614,7 @@ def append_part(out: Trace, part: Trace) -> None:
     o.start.extend(sp.start)
     o.end.extend(sp.end)
     o.args.extend(sp.args)
-    o.cat.extend(sp.cat)
+    _extend_cat(o, sp.cat)
     take_entry(o, before, sp, None, [None] * len(part.tracks))  # already moved by the worker's `take`
     c = part.counters
     out.counters.track.extend(array("l", map(t0.__add__, c.track)))

@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from gputrace.errors import GputraceError
-from gputrace.trace.model import SpanColumns, Trace, _NoCats
+from gputrace.trace.model import PackedArgs, SpanColumns, Trace, _NoCats
 
 #: Rows of arguments (or categories) pickled at a time.
 SLICE = 65536
 _ITEMS = 1 << 20  # column values read back at a time
+_PACKED = "packed"  # a column's mark: a `PackedArgs`, pickled whole (else True: _NoCats, False: slices)
 
 
 class Spool:
@@ -123,6 +124,10 @@ def _write(f: BinaryIO, part: Trace) -> None:
         if c is not None:
             f.write(memoryview(c).cast("B"))  # no copy of the column
     for rows in (sp.args, sp.cat):
+        if type(rows) is PackedArgs:  # packed arguments (a protobuf read's) go as they are, small
+            pickle.dump(_PACKED, f)
+            pickle.dump(rows, f, pickle.HIGHEST_PROTOCOL)
+            continue
         blank = type(rows) is _NoCats  # a column of None that takes no memory (not SparseArgs, one of them)
         pickle.dump(blank, f)
         if not blank:
@@ -153,7 +158,10 @@ def _read(f: BinaryIO) -> Trace:
 
 
 def _rows(f: BinaryIO, n: int) -> Any:
-    if pickle.load(f):
+    kind = pickle.load(f)
+    if kind == _PACKED:
+        return pickle.load(f)
+    if kind is True:
         return _NoCats(n)
     rows: list[Any] = []
     for _ in range(0, n, SLICE):

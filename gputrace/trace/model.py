@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
-from itertools import compress, count
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import compress, count, repeat
 from typing import Any
 
 from gputrace import native
@@ -136,6 +136,9 @@ class _NoCats(list):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return self._n
 
+    def __iter__(self) -> Iterator[Any]:
+        return repeat(None, self._n)
+
     def append(self, value: Any) -> None:
         self._n += 1
 
@@ -181,6 +184,111 @@ class SparseArgs(_NoCats):
         for i, a in self.rows.items():
             out[i] = a
         return out
+
+
+class PackedArgs(list):  # type: ignore[type-arg]
+    """An `args` column without a dict a span: what a whole read of a protobuf trace keeps. Each
+    distinct tuple of keys (a shape) is kept once, each value as an int64 where it is an int,
+    else as an index into a table of the other values (each distinct string once); a span
+    without arguments costs its 4-byte place alone. Reading a row makes its dict, equal to the
+    one packed (its values the same objects) but a new dict each time: a stage that changes a
+    span's arguments changes its own copy. Appendable, as a list of dicts is (merge extends it
+    with other ranks' rows). Like `SparseArgs`, a list with empty storage: a C loop takes
+    `dense()` (or a slice, a list)."""
+
+    def __init__(self, args: Iterable[dict[str, Any] | None] = ()) -> None:
+        super().__init__()
+        self.at = array("i")  # per span: its packed row, -1 for None
+        self._shape = array("i")  # per packed row: its shape
+        self._off = array("q")  # per packed row: its first value in _vals
+        self._vals = array("q")  # an int, or (its shape says which) an index into _objs
+        self._objs: list[Any] = []
+        self._shapes: list[tuple[tuple[Any, ...], bytes | None]] = []  # keys, and which are in _objs
+        self._shape_of: dict[tuple[tuple[Any, ...], bytes], int] = {}
+        self._strs: dict[str, int] = {}
+        for a in args:
+            self.at.append(self.pack(a))
+
+    def pack(self, args: dict[str, Any] | None) -> int:
+        """Keep `args` (not as a row of this column: a reader places the index it returns in
+        `at` itself); -1 for None."""
+        if args is None:
+            return -1
+        vals, objs, strs = self._vals, self._objs, self._strs
+        j = len(self._off)
+        self._off.append(len(vals))
+        kinds = bytearray(len(args))
+        for k, v in enumerate(args.values()):
+            if type(v) is int and -(2**63) <= v < 2**63:
+                vals.append(v)
+                continue
+            kinds[k] = 1
+            if type(v) is str:
+                i = strs.get(v)
+                if i is None:
+                    i = strs[v] = len(objs)
+                    objs.append(v)
+            else:
+                i = len(objs)
+                objs.append(v)
+            vals.append(i)
+        key = (tuple(args), bytes(kinds))
+        s = self._shape_of.get(key)
+        if s is None:
+            s = self._shape_of[key] = len(self._shapes)
+            self._shapes.append((key[0], key[1] if any(kinds) else None))
+        self._shape.append(s)
+        return j
+
+    def _row(self, j: int) -> dict[str, Any]:
+        keys, kinds = self._shapes[self._shape[j]]
+        o = self._off[j]
+        values = self._vals[o : o + len(keys)]
+        if kinds is None:
+            return dict(zip(keys, values))
+        objs = self._objs
+        return {k: objs[v] if b else v for k, b, v in zip(keys, kinds, values)}
+
+    def __getitem__(self, i: Any) -> Any:
+        if type(i) is not slice:  # a writer reads a row at a time: this first
+            j = self.at[i]
+            return None if j < 0 else self._row(j)
+        row = self._row
+        return [None if j < 0 else row(j) for j in self.at[i]]
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def __iter__(self) -> Iterator[Any]:
+        row = self._row
+        for j in self.at:
+            yield None if j < 0 else row(j)
+
+    def append(self, value: Any) -> None:
+        self.at.append(self.pack(value))
+
+    def extend(self, values: Any) -> None:
+        at, pack = self.at, self.pack
+        for a in values:
+            at.append(pack(a))
+
+    def dense(self) -> list[Any]:
+        """The column as a plain list of dicts (a C loop's input)."""
+        at, row = self.at, self._row
+        out: list[Any] = [None] * len(at)
+        for i in compress(count(), map((0).__le__, at)):  # the rows with arguments alone
+            out[i] = row(at[i])
+        return out
+
+    def __reduce__(self) -> Any:
+        # Its own fields, not a list's items (which pickle would append one by one).
+        return (_unpickle_packed, (self.__dict__,))
+
+
+def _unpickle_packed(state: dict[str, Any]) -> PackedArgs:
+    col = PackedArgs()
+    col.__dict__.update(state)
+    return col
 
 
 class CounterColumns:

@@ -81,7 +81,7 @@ from gputrace.trace.layout import (
     safe_repr,
     update_header,
 )
-from gputrace.trace.model import CounterColumns, Process, Trace, Track, _NoCats, intern
+from gputrace.trace.model import CounterColumns, PackedArgs, Process, Trace, Track, _NoCats, intern
 
 _BEGIN = pb.TrackEvent.TYPE_SLICE_BEGIN
 _END = pb.TrackEvent.TYPE_SLICE_END
@@ -1232,28 +1232,35 @@ def read(path: str, data: bytes | None = None) -> Trace:
     """Parse a Perfetto protobuf trace into a `Trace`: gputrace's own files fully; of other
     tools' files, the process, thread and counter tracks, slices and counters. A file cut off
     mid-write loses only its last, partial packet (and spans whose end was in it). Memory is
-    bounded by the file's size: see INFLATE_FACTOR."""
+    bounded by the file's size: see INFLATE_FACTOR. The spans' arguments are a `PackedArgs`
+    column (no dict a span is held: a dict is made when a span's arguments are read), their
+    categories a list only where some span has one (else a column of None of no memory)."""
     if data is None:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
-    return _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN)).build(_packet_batches(path, data))
+    reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN))
+    batches = _packet_batches(path, data)
+    del data  # the file's bytes go with the last batch, before the columns are made
+    return reader.build(batches)
 
 
 def read_spans(path: str, data: bytes | None = None, keys: Iterable[str] | None = None) -> Trace:
     """`read`, keeping of the spans' arguments only those named in `keys`, and no categories: for
     a stage that looks at nothing else (the statistics: `collective`, `unfinished`, `cover`).
-    Each span's args is a dict of the named ones it has, else None, and its category None, in
-    plain lists (which merge moves into its trace rather than copying). `keys` None: neither
-    column takes memory (columns of None), for a check that looks only at names, tracks and
-    times (validate), a third of the columns' bytes."""
+    Each span's args is a dict of the named ones it has, else None, in a plain list, and its
+    category None, in a column of no memory (merge moves both into its trace rather than
+    copying). `keys` None: neither column takes memory (columns of None), for a check that looks
+    only at names, tracks and times (validate), a third of the columns' bytes."""
     if data is None:
         data = read_bytes(path)
     if not data:
         raise TraceFormatError(path, "empty file")
     kept = frozenset(keys) if keys is not None else False
     reader = _Reader(path, max(INFLATE_FACTOR * len(data), INFLATE_MIN), args=kept)
-    return reader.build(_packet_batches(path, data))
+    batches = _packet_batches(path, data)
+    del data  # the file's bytes go with the last batch, before the columns are made
+    return reader.build(batches)
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -1384,17 +1391,19 @@ class _Seq:
 
 
 class _Spans:
-    """One track's finished spans while reading, in columns: names (the interned strings
-    themselves), start and end as read (before the base), args and categories."""
+    """One track's finished spans while reading, in columns: names (as the reader numbers them,
+    `_Reader.name_code`), start and end as read (before the base), args and categories (a whole read:
+    each span's row in the reader's `PackedArgs` and its category's code, 4 bytes each; a read
+    of named arguments: their dicts, and no categories)."""
 
     __slots__ = ("name", "start", "end", "args", "cat")
 
-    def __init__(self) -> None:
-        self.name: list[str] = []
+    def __init__(self, packed: bool) -> None:
+        self.name: Any = array("i")
         self.start: Any = array("q")
         self.end: Any = array("q")
-        self.args: list[Any] = []
-        self.cat: list[Any] = []
+        self.args: Any = array("i") if packed else []
+        self.cat: Any = array("i")
 
     def widen(self, start: int, end: int) -> None:
         """Append a span whose times do not fit 64 bits: the columns become lists of ints."""
@@ -1421,11 +1430,17 @@ class _Reader:
         self.launches: dict[int, int] = {}  # flow id -> host entry (the launch arrows' sources)
         self.launch_tracks: set[int] = set()  # uuids of tracks holding them
         self.flows_in: dict[int, list[tuple[int, int]]] = {}  # uuid -> (row in spans[uuid], flow id)
+        # A whole read's arguments, packed as the spans end (no dict a span is kept), and its
+        # categories, interned (code 0: none).
+        self.packed = PackedArgs()
+        self.name_code: dict[str, int] = {}  # span names, numbered as first met (the file's order)
+        self.cat_names: list[str | None] = [None]
+        self.cat_code: dict[str, int] = {}
 
     def build(self, batches: Iterable[Any]) -> Trace:
         """The trace of the file's packets, given a batch of them at a time."""
         self.seqs: dict[int, _Seq] = {}
-        self.open: dict[int, list[tuple[str, int, Any, Any, int]]] = {}
+        self.open: dict[int, list[tuple[int, int, Any, Any, int]]] = {}
         for packets in batches:
             self._packets(packets)
         # Spans still open at the end were cut off mid-write (their end never came): left out.
@@ -1435,6 +1450,7 @@ class _Reader:
         seqs, open_, spans, incremental = self.seqs, self.open, self.spans, self.incremental
         keep = self.args is not False
         named = self.args if isinstance(self.args, frozenset) else None
+        pack, cat_names, cat_code, name_code = self.packed.pack, self.cat_names, self.cat_code, self.name_code
         for p in packets:
             sid = p.trusted_packet_sequence_id
             st = seqs.get(sid)
@@ -1463,18 +1479,28 @@ class _Reader:
                 uuid = te.track_uuid or st.track
                 t = te.type
                 if t == _BEGIN:
-                    name = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
-                    a = cat = None
+                    text = st.names.get(te.name_iid, "") if te.name_iid else _str(te.name)
+                    name = name_code.get(text)
+                    if name is None:
+                        name = name_code[text] = len(name_code)
+                    a = None
+                    cat = 0
                     if named is not None:
                         if te.debug_annotations:
                             a = {k: _value(d) for d in te.debug_annotations if (k := _key(st, d)) in named} or None
                     elif keep:
                         if te.debug_annotations:
                             a = {_key(st, d): _value(d) for d in te.debug_annotations}
+                        c = None
                         if te.category_iids:
-                            cat = ",".join(st.cats.get(i, "") for i in te.category_iids)
+                            c = ",".join(st.cats.get(i, "") for i in te.category_iids)
                         elif te.categories:
-                            cat = ",".join(map(_str, te.categories))
+                            c = ",".join(map(_str, te.categories))
+                        if c is not None:
+                            cat = cat_code.get(c, 0)
+                            if not cat:
+                                cat = cat_code[c] = len(cat_names)
+                                cat_names.append(c)
                     stack = open_.get(uuid)
                     if stack is None:
                         stack = open_[uuid] = []
@@ -1482,23 +1508,24 @@ class _Reader:
                 elif t == _END:
                     stack = open_.get(uuid)
                     if stack:
-                        name, t0, a, cat, flow = stack.pop()
+                        code, t0, a, cat, flow = stack.pop()
                         done = spans.get(uuid)
                         if done is None:
-                            done = spans[uuid] = _Spans()
+                            done = spans[uuid] = _Spans(keep and named is None)
                         if flow:
                             self.flows_in.setdefault(uuid, []).append((len(done.name), flow))
                         # The one place a span's fields become columns.
-                        done.name.append(name)
+                        done.name.append(code)
                         try:
                             done.start.append(t0)
                             done.end.append(ts)
                         except OverflowError:  # uint64 past int64: this track's times as Python ints
                             done.widen(t0, ts)
-                        if keep:
+                        if named is not None:
                             done.args.append(a)
-                            if named is None:
-                                done.cat.append(cat)
+                        elif keep:
+                            done.args.append(-1 if a is None else pack(a))
+                            done.cat.append(cat)
                 elif t == _INSTANT and te.flow_ids:
                     self._launch(st, uuid, ts, te)
                 elif t == _COUNTER:
@@ -1673,9 +1700,15 @@ class _Reader:
                 track_of[uuid] = trace.add_track(track)
         intern, spans = trace.intern, trace.spans
         keep = self.args is not False
-        named = isinstance(self.args, frozenset)  # a column of None for the categories, made here
-        if not keep:  # no arguments or categories: columns of None that take no memory
-            spans.args, spans.cat = _NoCats(0), _NoCats(0)
+        named = isinstance(self.args, frozenset)
+        # Columns of None that take no memory where nothing was kept; a whole read's arguments
+        # stay packed (the tracks' rows join its `at`), its categories a list only where it has one.
+        cat_names = self.cat_names
+        text = list(self.name_code)  # by the reader's number
+        with_cats = keep and not named and len(cat_names) > 1
+        args_col: Any = self.packed if keep and not named else spans.args if keep else _NoCats(0)
+        cat_col: Any = [] if with_cats else _NoCats(0)
+        spans.args, spans.cat = args_col, cat_col
         entry: array[int] | None = None
         for uuid in list(self.spans):
             c = self.spans.pop(uuid)  # let go of each track's columns once they are the trace's
@@ -1696,14 +1729,31 @@ class _Reader:
                 names = [names[i] for i in kept]
                 if keep:
                     args = [args[i] for i in kept]
-                    cats = [cats[i] for i in kept] if not named else cats
+                    cats = [cats[i] for i in kept] if with_cats else cats
             del c
-            ids = {n: intern(n) for n in dict.fromkeys(names)}  # first-seen order: the same numbering every run
-            entry = self._entries(uuid, len(spans), len(names), entry, base)
-            if keep:
-                spans.extend([ids[n] for n in names], [t] * len(names), starts, ends, args, None if named else cats)
+            n = len(names)
+            # The trace numbers names as each track first has them, tracks in order: the same
+            # numbering every run.
+            ids = {k: intern(text[k]) for k in dict.fromkeys(names)}
+            entry = self._entries(uuid, len(spans), n, entry, base)
+            same = all(k == i for k, i in ids.items())
+            spans.name.extend(array("l", names) if same else array("l", map(ids.__getitem__, names)))
+            del names
+            spans.track.extend(array("l", [t]) * n)
+            spans.start.extend(starts)
+            spans.end.extend(ends)
+            del starts, ends
+            if not keep:
+                args_col.extend(range(n))  # counted: a column of None
+            elif named:
+                args_col.extend(args)
             else:
-                spans.extend([ids[n] for n in names], [t] * len(names), starts, ends)
+                args_col.at.extend(args)
+            if with_cats:
+                cat_col.extend(map(cat_names.__getitem__, cats))
+            else:
+                cat_col.extend(range(n))
+            del args, cats
         spans.entry = entry
         counters = trace.counters
         for uuid, samples in self.samples.items():
