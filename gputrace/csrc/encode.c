@@ -754,8 +754,9 @@ static PyObject *hot_encode_rows(PyObject *self, PyObject *args) {
         size_t nn = namen[nm[i]];
         const TrackText *t = &tt[tr[i]];
         int arrow = ent && ent[i] > 0;
-        /* the literals (at most ~90 bytes), six numbers (at most 24 bytes each), the names and cat */
-        if (buf_reserve(&b, 256 + 2 * nn + t->catn) < 0) goto done;
+        /* the literals (95 with an arrow, 60 without), at most 6 numbers of 20 digits (+4 for the
+         * three us decimals), the names, cat and the two mid texts */
+        if (buf_reserve(&b, 320 + 2 * nn + t->catn + t->midn + launch_midn) < 0) goto done;
         if (arrow) { /* the source of its launch arrow, as chrome.launch_event writes it */
             long long e = ent[i], at = e < st[i] - 1 ? e : st[i] - 1;
             if (at < base) at = base;
