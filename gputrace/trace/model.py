@@ -123,7 +123,71 @@ class SpanColumns:
         self.cat.extend(cat if cat is not None else [None] * n)
 
 
-class _NoCats(list):  # type: ignore[type-arg]
+class _RowsColumn(list):  # type: ignore[type-arg]
+    """A column that is a list to the code that takes lists (`type(x)` checks, C loops through
+    `dense()` or a slice) but keeps its rows elsewhere, so its list storage is empty: the list
+    operations that would read that storage answer from its rows instead, and those that would
+    change it in place are refused. (`orjson.dumps` of the column itself reads the storage: dump
+    `list(column)`.)"""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, list) and len(self) == len(other) and all(map(_same, self, other))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+    def __contains__(self, value: object) -> bool:
+        return any(v == value for v in self)
+
+    def count(self, value: Any) -> int:
+        return sum(1 for v in self if v == value)
+
+    def index(self, value: Any, *bounds: Any) -> int:
+        return list(self).index(value, *bounds)
+
+    def copy(self) -> list[Any]:
+        return list(self)
+
+    def __add__(self, other: Any) -> list[Any]:
+        return list(self) + list(other)
+
+    def __radd__(self, other: Any) -> list[Any]:
+        return list(other) + list(self)
+
+    def __iadd__(self, other: Any) -> Any:
+        self.extend(other)
+        return self
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(list(self)[::-1])
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {len(self)} rows>"
+
+    def _refuse(self, *a: Any, **k: Any) -> Any:
+        raise TypeError(f"a {type(self).__name__} column is read and appended to, not changed in place")
+
+    __setitem__ = __delitem__ = insert = pop = remove = clear = sort = reverse = _refuse
+    __mul__ = __rmul__ = __imul__ = _refuse
+
+    def __reduce__(self) -> Any:
+        # Its fields, not the rows it iterates as (which pickle and copy would append to a list).
+        return (_restore_column, (type(self), self.__dict__))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a == b)
+
+
+def _restore_column(cls: type, state: dict[str, Any]) -> Any:
+    col: Any = list.__new__(cls)
+    col.__dict__.update(state)
+    return col
+
+
+class _NoCats(_RowsColumn):
     """A `cat` column of all None that takes no memory per row (reads of any index give None)."""
 
     def __init__(self, n: int) -> None:
@@ -186,7 +250,7 @@ class SparseArgs(_NoCats):
         return out
 
 
-class PackedArgs(list):  # type: ignore[type-arg]
+class PackedArgs(_RowsColumn):
     """An `args` column without a dict a span: what a whole read of a protobuf trace keeps. Each
     distinct tuple of keys (a shape) is kept once, each value as an int64 where it is an int,
     else as an index into a table of the other values (each distinct string once); a span
@@ -279,16 +343,6 @@ class PackedArgs(list):  # type: ignore[type-arg]
         for i in compress(count(), map((0).__le__, at)):  # the rows with arguments alone
             out[i] = row(at[i])
         return out
-
-    def __reduce__(self) -> Any:
-        # Its own fields, not a list's items (which pickle would append one by one).
-        return (_unpickle_packed, (self.__dict__,))
-
-
-def _unpickle_packed(state: dict[str, Any]) -> PackedArgs:
-    col = PackedArgs()
-    col.__dict__.update(state)
-    return col
 
 
 class CounterColumns:
