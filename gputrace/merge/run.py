@@ -384,39 +384,49 @@ def merge(
         raise GputraceError(
             f"writing {kind.name} traces needs {kind.module} ({e.reason}); write JSON (-o x.json)"
         ) from None
-    args = (files, out, align, align_on, occurrence, rank_from_filename, allow_mixed, sel)
-    if parts_writer is not None:
+    if parts_writer is not None or writer is not None:
+        m = _Merge(files, out, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, progress)
         with no_cycle_collection():
-            return _merge_by_spool(parts_writer, *args, workers_for(files, workers), progress)
-    if writer is None:
-        trace = load(files, align, align_on, occurrence, rank_from_filename, allow_mixed, *_selection_args(sel))
-        if progress:
-            progress("done", 1, 1)
-        kind.write(trace, out)
-        return string_keys(trace.metadata)
-    with no_cycle_collection():
-        return _merge_by_part(writer, *args, workers_for(files, workers), progress)
+            if parts_writer is not None:
+                return _merge_by_spool(parts_writer, m, workers_for(files, workers))
+            return _merge_by_part(writer, m, workers_for(files, workers))
+    # A format written whole: the merged trace in memory, then written.
+    trace = load(files, align, align_on, occurrence, rank_from_filename, allow_mixed, *_selection_args(sel))
+    if progress:
+        progress("done", 1, 1)
+    kind.write(trace, out)
+    return string_keys(trace.metadata)
 
 
 def _selection_args(sel: Selection) -> tuple[Any, ...]:
     return sel.ranks, sel.steps, sel.window, sel.step_name
 
 
-def _merge_by_part(
-    writer: Any,
-    files: list[str],
-    out: str,
-    align: str,
-    align_on: str | None,
-    occurrence: int,
-    rank_from_filename: bool,
-    allow_mixed: bool,
-    sel: Selection,
-    n_workers: int,
-    progress: Progress | None,
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Merge:
+    """What a merge written part by part was asked: its inputs, output, alignment and selection."""
+
+    files: list[str]
+    out: str
+    align: str
+    align_on: str | None
+    occurrence: int
+    rank_from_filename: bool
+    allow_mixed: bool
+    sel: Selection
+    progress: Progress | None
+
+    def prepare(self, keep: bool, stash: Spool | None = None) -> Job:
+        return prepare(
+            self.files, self.align, self.align_on, self.occurrence, self.rank_from_filename, self.allow_mixed,
+            self.sel, keep, stash,
+        )  # fmt: skip
+
+
+def _merge_by_part(writer: Any, m: _Merge, n_workers: int) -> dict[str, Any]:
     """The merged trace written group by group through the format's `MergedWriter`."""
-    job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, keep=False)
+    out, sel, progress = m.out, m.sel, m.progress
+    job = m.prepare(keep=False)
     meta = merged_metadata(job.plan, job.maps, sel, job.start, list(job.plan.notes))
     header = json_metadata(meta, job.plan)
     tally = Tally()
@@ -436,24 +446,13 @@ def _merge_by_part(
     return header
 
 
-def _merge_by_spool(
-    writer: Any,
-    files: list[str],
-    out: str,
-    align: str,
-    align_on: str | None,
-    occurrence: int,
-    rank_from_filename: bool,
-    allow_mixed: bool,
-    sel: Selection,
-    n_workers: int,
-    progress: Progress | None,
-) -> dict[str, Any]:
+def _merge_by_spool(writer: Any, m: _Merge, n_workers: int) -> dict[str, Any]:
     """The merged trace written through the format's `MergedPartsWriter` (a file that begins with
     what only the whole merged trace knows: protobuf's): each group read and taken, noted by the
     writer and spooled to disk (the last one kept in memory), then the file written from the
     spool a part at a time. Memory: about one group's trace, whatever the number of ranks, and
     every group's counters and other tools' events, which the writer keeps until it closes."""
+    files, out, sel, progress = m.files, m.out, m.sel, m.progress
     folder = os.path.dirname(os.path.abspath(out))
     # The spool lies beside the output (as its temporary file does): the folder is made first,
     # and a folder that refuses the spool is the command's one line, as a refused output is.
@@ -466,7 +465,7 @@ def _merge_by_spool(
     stash = Spool(folder) if n_workers <= 1 and len(files) > 1 else None
     spool = Spool(folder)
     try:
-        job = prepare(files, align, align_on, occurrence, rank_from_filename, allow_mixed, sel, len(files) == 1, stash)
+        job = m.prepare(len(files) == 1, stash)
         tally = Tally()
         # The last group's part is the last result when the groups are taken here (as
         # `run_groups` decides); workers' parts are all spooled.
