@@ -216,27 +216,42 @@ static PyObject *list_of(const long long *v, Py_ssize_t n) {
     return out;
 }
 
+/* The two column functions' start: their arguments (rows, count) parsed, the rows read as columns
+ * (read_rows), a scratch column of n values in *col; fewer than `least` rows is a ValueError saying
+ * `few`. NULL (nothing held) on error. */
+static long long *columns_of(PyObject *args, Py_ssize_t least, const char *few, Py_ssize_t *count,
+                             Py_ssize_t *n, long long **col) {
+    PyObject *rows;
+    if (!PyArg_ParseTuple(args, "On", &rows, count)) return NULL;
+    if (*count < 0) *count = 0;
+    long long *m = read_rows(rows, *count, n);
+    if (!m) return NULL;
+    if (!(*col = PyMem_Malloc(((size_t)*n + 1) * sizeof(long long)))) {
+        PyErr_NoMemory();
+    } else if (*n < least) {
+        PyErr_SetString(PyExc_ValueError, few);
+        PyMem_Free(*col);
+    } else {
+        return m;
+    }
+    PyMem_Free(m);
+    return NULL;
+}
+
 PyDoc_STRVAR(first_columns_doc,
              "first_columns(rows, count, /)\n--\n\n"
              "stats_columns._columns_py: per column k < count of `rows` (n >= 1 rows: lists of ints or int64\n"
              "arrays), its largest value, the first row holding it, and its median (the middle value, or the\n"
              "floor of the two middle ones' mean), as three lists.");
 static PyObject *hot_first_columns(PyObject *self, PyObject *args) {
-    PyObject *rows;
     Py_ssize_t count, n;
-    if (!PyArg_ParseTuple(args, "On", &rows, &count)) return NULL;
-    if (count < 0) count = 0;
-    long long *m = read_rows(rows, count, &n);
+    long long *col;
+    long long *m = columns_of(args, 1, "first_columns: no rows", &count, &n, &col);
     if (!m) return NULL;
     PyObject *result = NULL;
-    long long *col = PyMem_Malloc(((size_t)n + 1) * sizeof(long long));
     long long *out = PyMem_Malloc(((size_t)count * 3 + 1) * sizeof(long long));
-    if (!col || !out) {
+    if (!out) {
         PyErr_NoMemory();
-        goto out;
-    }
-    if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "first_columns: no rows");
         goto out;
     }
     for (Py_ssize_t k = 0; k < count; k++) {
@@ -263,21 +278,14 @@ PyDoc_STRVAR(first_others_median_doc,
              "viewer.findings._others_median_py for n >= 2 rows (lists of ints or int64 arrays): per row and\n"
              "column k < count, the median of the other rows' values in that column, as lists.");
 static PyObject *hot_first_others_median(PyObject *self, PyObject *args) {
-    PyObject *rows;
     Py_ssize_t count, n;
-    if (!PyArg_ParseTuple(args, "On", &rows, &count)) return NULL;
-    if (count < 0) count = 0;
-    long long *m = read_rows(rows, count, &n);
+    long long *col;
+    long long *m = columns_of(args, 2, "first_others_median: fewer than two rows", &count, &n, &col);
     if (!m) return NULL;
     PyObject *result = NULL;
-    long long *col = PyMem_Malloc(((size_t)n + 1) * sizeof(long long));
     long long *out = PyMem_Malloc(((size_t)n * (size_t)count + 1) * sizeof(long long));
-    if (!col || !out) {
+    if (!out) {
         PyErr_NoMemory();
-        goto out;
-    }
-    if (n < 2) {
-        PyErr_SetString(PyExc_ValueError, "first_others_median: fewer than two rows");
         goto out;
     }
     Py_ssize_t others = n - 1;
