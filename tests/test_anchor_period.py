@@ -17,14 +17,20 @@ MS = 1_000_000
 PERIODS = [0, 60_000]
 
 
-@pytest.mark.parametrize("every", PERIODS)
-def test_a_cpu_timer_read_after_a_flush_does_not_drain_the_gpu(every: float) -> None:
+def _anchored(every: float) -> FakeDevice:
+    """A fake device's recorder with the period `every`, one span resolved and an anchor just taken."""
     fake = FakeDevice()
     install(fake, anchor_every_ms=every)
     with gputrace.span("warm"):
         fake.work(MS)
     fake.advance(2 * MS)
     gputrace.flush()  # anchors
+    return fake
+
+
+@pytest.mark.parametrize("every", PERIODS)
+def test_a_cpu_timer_read_after_a_flush_does_not_drain_the_gpu(every: float) -> None:
+    fake = _anchored(every)
     for _ in range(3):
         with gputrace.timer("data", "cpu"):
             fake.advance(100_000)
@@ -37,12 +43,7 @@ def test_a_cpu_timer_read_after_a_flush_does_not_drain_the_gpu(every: float) -> 
 
 @pytest.mark.parametrize("every", PERIODS)
 def test_a_timer_reset_forgets_the_calls_before_it(every: float) -> None:
-    fake = FakeDevice()
-    install(fake, anchor_every_ms=every)
-    with gputrace.span("warm"):
-        fake.work(MS)
-    fake.advance(2 * MS)
-    gputrace.flush()  # anchors
+    fake = _anchored(every)
     t = gputrace.timer("data", "cpu")
     with t:
         fake.advance(7 * MS)  # a slow first call
