@@ -238,18 +238,19 @@ def bench_cuda_span(quick: bool) -> None:
     reset()
 
 
-def _runtime_floor(torch: Any, n: int) -> float | None:
+def _runtime_floor(torch: Any, n: int, driver: bool = False) -> float | None:
     """ns a span for n iterations of two cudaEventRecord calls on raw handles and the raw current
-    stream, in a C loop (the C build's helper), or None where the runtime's events are not had."""
+    stream, in a C loop (the C build's helper), or None where the runtime's events are not had;
+    `driver`: two of the driver's cuEventRecord instead (None where the driver's is not used)."""
     from gputrace import cuda
 
     raw = cuda.bind_runtime_events()
-    if raw is None:
+    hot: Any = record._hot
+    if raw is None or (driver and not (hasattr(hot, "driver_record") and hot.driver_record())):
         return None
     a, b = raw(), raw()
     stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
-    hot: Any = record._hot
-    return float(hot.record_floor(a, b, stream, n)) / n
+    return float(hot.record_floor(a, b, stream, n, *([True] if driver else []))) / n
 
 
 def bench_runtime_span(quick: bool) -> None:
@@ -258,7 +259,7 @@ def bench_runtime_span(quick: bool) -> None:
     events, and with NVTX ranges on (the C functions or torch's bindings)."""
     import torch
 
-    from gputrace import nvtx
+    from gputrace import cuda, nvtx
     from gputrace.config import Config
     from gputrace.cuda import CudaDevice
     from gputrace.record import Recorder
@@ -296,6 +297,9 @@ def bench_runtime_span(quick: bool) -> None:
         if rec is not None:
             rec.flush(wait=True)
 
+    hot: Any = record._hot
+    driver_calls = cuda.driver_calls() if hasattr(hot, "driver_record") and hot.driver_record() else None
+    driver_at = driver_calls["cuEventRecord"] if driver_calls else 0
     for key, rec in recorders.items():  # warm up: pools, tracks
         use(rec)
         timer.timeit(number)
@@ -308,6 +312,9 @@ def bench_runtime_span(quick: bool) -> None:
             floor = _runtime_floor(torch, number)
             assert floor is not None
             out["floor"].append(floor)
+            driver = _runtime_floor(torch, number, driver=True)
+            if driver is not None:
+                out.setdefault("driver floor", []).append(driver)
             for key, rec in recorders.items():
                 use(rec)
                 gc.disable()
@@ -316,11 +323,25 @@ def bench_runtime_span(quick: bool) -> None:
                 finally:
                     gc.enable()
                 drain()
+            if driver_at:  # the same spans with the runtime's cudaEventRecord: what the driver's saves
+                use(recorders["runtime"])
+                hot.set_driver(0)
+                gc.disable()
+                try:
+                    out.setdefault("runtime record", []).append(timer.timeit(number) / number * 1e9)
+                finally:
+                    gc.enable()
+                    hot.set_driver(driver_at)
+                drain()
             out["whole"].append(_whole_no_kernels(torch, steps, 100, d))
     g = "CUDA span vs the runtime"
     floor_name = "floor: 2 cudaEventRecord on raw handles, C loop"
     add(Row(g, floor_name, "ns", out["floor"]))
+    if "driver floor" in out:  # what the hot path calls where the driver's cuEventRecord is found
+        add(Row(g, "2 cuEventRecord (the driver's) on raw handles, C loop", "ns", out["driver floor"], floor_name))
     add(Row(g, "gputrace span, the runtime's events", "ns", out["runtime"], floor_name, "<= 1.2x", 1.2))
+    if "runtime record" in out:
+        add(Row(g, "gputrace span, the runtime's events by cudaEventRecord", "ns", out["runtime record"], floor_name))
     add(Row(g, "gputrace span, torch's events (the fallback)", "ns", out["torch"], floor_name))
     add(
         Row(

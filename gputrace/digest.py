@@ -63,8 +63,10 @@ HIST_ERROR = 2 ** (0.5 / HIST_PER_OCTAVE) - 1
 #: Until the first WARMUP_STEPS + 1 steps are known, spans wait in a buffer to be put in their
 #: warm-up bucket; past this many the split is given up (a run without steps), not the memory.
 BUFFER_SPANS = 1 << 18
-#: Chunks wait to be worked through until this many spans have come.
-BATCH_SPANS = 1 << 14
+#: Chunks wait to be worked through until this many spans have come (a few MB of columns). Each
+#: batch passes the spans carried for the self time (up to digest_breakdown.CARRY_SPANS, all of a
+#: flat run's) through again: a batch as large as the carry keeps that under one pass a span.
+BATCH_SPANS = 1 << 16
 #: `gputrace summary` reads digests rather than full traces from this many ranks on, even where
 #: Histogram bucket b holds the durations d with _BOUND[b] <= d < _BOUND[b + 1], i.e. 2^(b/16)
 #: <= d < 2^((b+1)/16) rounded up to whole ns; bucket -1 holds 0.

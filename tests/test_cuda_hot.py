@@ -205,3 +205,52 @@ def test_a_raw_event_reports_runtime_errors_clearly() -> None:
     ev.record(torch.cuda.current_stream())
     ev.synchronize()
     assert ev.query() is True and ev.device == torch.cuda.current_device()
+
+
+def test_the_drivers_record_and_elapsed_time_agree_with_the_runtimes() -> None:
+    """The hot path records with the driver's cuEventRecord and the resolve reads
+    cuEventElapsedTime where the driver has them: the same events, times and errors as the
+    runtime's calls. Spans around the same kernels measure alike either way."""
+    from gputrace import cuda, native
+
+    hot = native.hot
+    driver = cuda.driver_calls()
+    if hot is None or driver is None or cuda.bind_runtime_events() is None:
+        pytest.skip("no C build, or the driver's calls are not found")
+    assert hot.driver_record()
+    x = torch.ones(1 << 22, device="cuda")
+    stream = torch.cuda.current_stream()
+    events = [hot.RawEvent() for _ in range(4)]
+    events[0].record(stream)  # through the driver
+    for _ in range(20):
+        x.mul_(1.0001)
+    events[1].record(stream)
+    hot.set_driver(0)  # the runtime's from here
+    try:
+        events[2].record(stream)
+        for _ in range(20):
+            x.mul_(1.0001)
+        events[3].record(stream)
+    finally:
+        hot.set_driver(driver["cuEventRecord"])
+    torch.cuda.synchronize()
+    for a, b in ((0, 1), (2, 3), (0, 3), (1, 2)):
+        runtime_ms = events[a].elapsed_time(events[b])  # RawEvent's: the runtime's cudaEventElapsedTime
+        driver_ms = hot.raw_elapsed_ms(events[a], events[b])  # the resolve's: the driver's
+        assert driver_ms == runtime_ms and runtime_ms >= 0, (a, b, driver_ms, runtime_ms)
+    assert events[0].elapsed_time(events[1]) > 0.001  # the kernels lie between
+    # Spans recorded through each measure the same kernels alike.
+    got = {}
+    for on in (True, False):
+        rec = _recorder(True)  # binds the driver's record again
+        if not on:
+            hot.set_driver(0)
+        try:
+            assert hot.driver_record() == on
+            got[on] = _timed_against_torch(rec)
+            gputrace.reset()
+        finally:
+            hot.set_driver(driver["cuEventRecord"])
+    for on, pairs in got.items():
+        for span_us, torch_us in pairs:
+            assert torch_us <= span_us + 1.0 and span_us - torch_us < 100, (on, span_us, torch_us)

@@ -3,8 +3,9 @@
  *
  * torch's Event.record goes through Python and pybind and looks the stream up again: ~2.5 us a
  * call through the H200 VM against ~1.6 us for cudaEventRecord itself. A RawEvent is a
- * cudaEvent_t that the C hot path records with one cudaEventRecord on the raw current stream
- * (gt_raw_record); from Python it has the methods gputrace asks of torch's events (record,
+ * cudaEvent_t that the C hot path records with one record on the raw current stream
+ * (gt_raw_record: the driver's cuEventRecord where set_driver found it, else cudaEventRecord);
+ * from Python it has the methods gputrace asks of torch's events (record,
  * query, synchronize, elapsed_time, cuda_event), so anchors, flush's split and resolve take it
  * as they take torch's. It is created at its first record, on the device of the stream it is
  * recorded on (the current device on the hot path), as torch creates its events. Any runtime
@@ -65,10 +66,31 @@ static int raw_create(RawEvent *ev, int device) {
     return 0;
 }
 
+/* The driver's cuEventRecord on the same handles (a runtime event is a driver event, a runtime
+ * stream a driver stream), where set_driver found it: the runtime's cudaEventRecord is this call
+ * behind the runtime's own checks, ~0.1-0.2 us a call on the H200 VM. A record the driver refuses
+ * (no context current on this thread yet, say) is made again by the runtime, which sets up what it
+ * needs or reports the error; after DRIVER_MISSES such records in a row the driver's call is left
+ * alone. */
+static rt_record_fn drv_record;
+static int drv_misses;
+#define DRIVER_MISSES 64
+
+static int record_call(void *handle, void *stream) {
+    if (drv_record) {
+        if (drv_record(handle, stream) == 0) {
+            drv_misses = 0;
+            return 0;
+        }
+        if (++drv_misses >= DRIVER_MISSES) drv_record = NULL;
+    }
+    return rt_record(handle, stream);
+}
+
 int gt_raw_record(RawEvent *ev, void *stream) {
     if (need_runtime() < 0) return -1; /* the calls were taken back (set_runtime(None)) */
     if (!ev->handle && raw_create(ev, -1) < 0) return -1;
-    int err = rt_record(ev->handle, stream);
+    int err = record_call(ev->handle, stream);
     if (err != 0) { rt_error("cudaEventRecord", err); return -1; }
     ev->recorded = 1;
     return 0;
@@ -250,37 +272,67 @@ static PyObject *hot_set_runtime(PyObject *self, PyObject *calls) {
     rt_get_dev = (rt_get_device_fn)p[7];
     rt_set_dev = (rt_set_device_fn)p[8];
     rt_record = (rt_record_fn)p[1]; /* last: the one the others are checked by */
+    if (!rt_record) drv_record = NULL;
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_driver_doc,
+             "set_driver($module, record, /)\n--\n\n"
+             "The address of the CUDA driver's cuEventRecord, which RawEvent records call first (the\n"
+             "runtime's cudaEventRecord where it refuses); 0 turns it off. Needs set_runtime first.");
+
+static PyObject *hot_set_driver(PyObject *self, PyObject *arg) {
+    void *p = PyLong_AsVoidPtr(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (p && need_runtime() < 0) return NULL;
+    drv_record = (rt_record_fn)p;
+    drv_misses = 0;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(driver_record_doc,
+             "driver_record($module, /)\n--\n\n"
+             "Whether RawEvent records go through the driver's cuEventRecord (set_driver) now.");
+
+static PyObject *hot_driver_record(PyObject *self, PyObject *unused) { return PyBool_FromLong(drv_record != NULL); }
+
 PyDoc_STRVAR(record_floor_doc,
-             "record_floor($module, a, b, stream, n, /)\n--\n\n"
+             "record_floor($module, a, b, stream, n, driver=False, /)\n--\n\n"
              "The floor a CUDA span is measured against: ns for n iterations of two cudaEventRecord calls\n"
-             "(events a and b, RawEvents, on the raw stream handle `stream`) in a C loop.");
+             "(events a and b, RawEvents, on the raw stream handle `stream`) in a C loop; `driver`: two of\n"
+             "the driver's cuEventRecord (set_driver) instead.");
 
 static PyObject *hot_record_floor(PyObject *self, PyObject *args) {
     PyObject *a, *b, *s;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "O!O!On", gt_RawEventType, &a, gt_RawEventType, &b, &s, &n)) return NULL;
+    int driver = 0;
+    if (!PyArg_ParseTuple(args, "O!O!On|p", gt_RawEventType, &a, gt_RawEventType, &b, &s, &n, &driver)) return NULL;
     void *stream = PyLong_AsVoidPtr(s);
     if (PyErr_Occurred() || need_runtime() < 0) return NULL;
+    rt_record_fn rec = driver ? drv_record : rt_record;
+    if (!rec) {
+        PyErr_SetString(PyExc_RuntimeError, "gputrace: no driver cuEventRecord (set_driver)");
+        return NULL;
+    }
     RawEvent *ea = (RawEvent *)a, *eb = (RawEvent *)b;
     if (gt_raw_record(ea, stream) < 0 || gt_raw_record(eb, stream) < 0) return NULL; /* created outside the loop */
     struct timespec t0, t1;
     int err = 0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (Py_ssize_t i = 0; i < n && !err; i++) {
-        err = rt_record(ea->handle, stream);
-        if (!err) err = rt_record(eb->handle, stream);
+        err = rec(ea->handle, stream);
+        if (!err) err = rec(eb->handle, stream);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (err) return rt_error("cudaEventRecord", err);
+    if (err) return rt_error(driver ? "cuEventRecord" : "cudaEventRecord", err);
     return PyLong_FromLongLong((long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
 }
 
 static PyMethodDef events_methods[] = {
     {"set_runtime", hot_set_runtime, METH_O, set_runtime_doc},
     {"record_floor", hot_record_floor, METH_VARARGS, record_floor_doc},
+    {"set_driver", hot_set_driver, METH_O, set_driver_doc},
+    {"driver_record", hot_driver_record, METH_NOARGS, driver_record_doc},
     {NULL},
 };
 

@@ -70,6 +70,11 @@ typedef struct {
     int cuda_dev;
     void *cuda_raw;
     PyObject *cuda_stack;
+    /* runtime events taken from pools[bundle_dev], not yet used (span.c: pooled_event) */
+#define EVENT_BUNDLE 64
+    PyObject *bundle[EVENT_BUNDLE];
+    int n_bundle;
+    int bundle_dev;
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A
@@ -91,6 +96,10 @@ typedef struct {
     char ranged; /* an NVTX range was pushed at its open and is not yet popped */
     long long h0, h1;
     long long entry; /* a device span: monotonic ns at its enter (when its start was queued); else 0 */
+    /* A device span opened by the C path: its device and raw stream (its stack's), for its close */
+    char at_raw;
+    int raw_dev;
+    void *raw_stream;
 } Span;
 
 

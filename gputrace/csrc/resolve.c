@@ -101,10 +101,11 @@ static Py_ssize_t attr_ssize(PyObject *o, PyObject *attr) {
     return n;
 }
 
-/* The CUDA runtime's own cudaEventElapsedTime and cudaGetLastError, called on the events' raw
- * handles (`event.cuda_event`): torch's Event.elapsed_time asks both events whether they ran and
- * sets the device around the same call, ~3 us a call through the H200 VM's gVisor against
- * ~0.5 us for the call itself. Set by cuda.py from the runtime torch loaded (set_raw_elapsed);
+/* The CUDA driver's cuEventElapsedTime (or the runtime's cudaEventElapsedTime) and the runtime's
+ * cudaGetLastError, called on the events' raw handles (`event.cuda_event`): torch's
+ * Event.elapsed_time asks both events whether they ran and sets the device around the same call,
+ * ~3 us a call through the H200 VM against ~0.1 us (driver) to ~0.15-0.5 us (runtime) for the
+ * call itself. Set by cuda.py from the libraries torch loaded (set_raw_elapsed);
  * used only for timelines whose `_elapsed` is `g_raw_for` (torch's method), so test doubles and
  * other devices keep their own. Any failure (an event never recorded, one not yet run, another
  * context) clears the runtime's error, which torch would otherwise report at its next kernel

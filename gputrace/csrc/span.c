@@ -24,8 +24,14 @@ static PyObject *s_name; /* a function's __name__ (Python's, not the layout's) *
 
 PyTypeObject *gt_SpanType;
 
+static void bundle_return(State *st);
+
 static void State_dealloc(State *st) {
     PyTypeObject *tp = Py_TYPE(st);
+    PyObject *et, *ev, *etb; /* an exception may be on its way: kept as it is */
+    PyErr_Fetch(&et, &ev, &etb);
+    bundle_return(st);
+    PyErr_Restore(et, ev, etb);
 #define X(name) Py_CLEAR(st->name);
     HOT_FIELDS(X)
 #undef X
@@ -267,12 +273,59 @@ static PyObject *find_stack(State *st, Span *s, PyObject **dev_out, void **raw_o
     return stack;
 }
 
-/* An event from the device's pool (one atomic take under the GIL), else a new one. */
-static PyObject *pooled_event(State *st, PyObject *dev) {
-    PyObject *pool = PyObject_GetItem(st->pools, dev);
+/* The item of a per-device list (pools, gens) for device `d` (or `dev`, where d < 0 or the
+ * container is not a list): a new reference, or NULL with an exception set. */
+static PyObject *per_device(PyObject *of, PyObject *dev, long d) {
+    if (d >= 0 && PyList_Check(of)) {
+        PyObject *v = PyList_GetItem(of, d); /* borrowed */
+        return v ? Py_NewRef(v) : NULL;
+    }
+    if (dev) return PyObject_GetItem(of, dev);
+    PyObject *key = PyLong_FromLong(d);
+    if (!key) return NULL;
+    PyObject *v = PyObject_GetItem(of, key);
+    Py_DECREF(key);
+    return v;
+}
+
+/* The runtime events the state took from a device's pool and has not used: back to the end of
+ * that pool, in their order (the state is going, or takes from another device now). */
+static void bundle_return(State *st) {
+    int n = st->n_bundle;
+    st->n_bundle = 0;
+    PyObject *pool = n > 0 && PyList_Check(st->pools) ? PyList_GetItem(st->pools, st->bundle_dev) : NULL;
+    if (n > 0 && !pool) PyErr_Clear();
+    for (int i = 0; i < n; i++) {
+        if (pool && PyList_Check(pool) && PyList_Append(pool, st->bundle[i]) < 0) PyErr_Clear();
+        Py_DECREF(st->bundle[i]);
+    }
+}
+
+/* An event from the device's pool (one atomic take under the GIL), else a new one. Runtime events
+ * are taken a bundle at a time (the last EVENT_BUNDLE of the pool, used newest first, as the pool
+ * would give them): one list operation a bundle, not a delete of the pool's last item a record. */
+static PyObject *pooled_event(State *st, PyObject *dev, long d) {
+    if (st->n_bundle > 0 && st->bundle_dev == d) return st->bundle[--st->n_bundle];
+    PyObject *pool = per_device(st->pools, dev, d);
     if (!pool) return NULL;
     PyObject *ev;
     Py_ssize_t n = PyList_Size(pool);
+    if (n > 1 && d >= 0 && d <= INT_MAX && PyList_Check(st->pools) && PyList_Check(pool) &&
+        Py_TYPE(PyList_GetItem(pool, n - 1)) == gt_RawEventType) {
+        bundle_return(st);
+        Py_ssize_t k = 0;
+        while (k < EVENT_BUNDLE && k < n && Py_TYPE(PyList_GetItem(pool, n - 1 - k)) == gt_RawEventType) k++;
+        for (Py_ssize_t i = 0; i < k; i++) st->bundle[i] = Py_NewRef(PyList_GetItem(pool, n - k + i));
+        if (PyList_SetSlice(pool, n - k, n, NULL) < 0) {
+            for (Py_ssize_t i = 0; i < k; i++) Py_DECREF(st->bundle[i]);
+            Py_DECREF(pool);
+            return NULL;
+        }
+        Py_DECREF(pool);
+        st->bundle_dev = (int)d;
+        st->n_bundle = (int)k - 1;
+        return st->bundle[k - 1];
+    }
     if (n > 0) {
         ev = PyList_GetItem(pool, n - 1); /* borrowed */
         Py_INCREF(ev);
@@ -308,6 +361,7 @@ static int raw_record_close(RawEvent *ev, PyObject *stack, PyObject *dev) {
 }
 
 static PyObject *open_span(State *st, Span *s) {
+    s->at_raw = 0; /* set below where this open records a runtime event; never by the slow path */
     if (s->sync) return PyObject_CallFunctionObjArgs(st->open_slow, (PyObject *)s, NULL);
     PyObject *dev;
     void *raw = NULL;
@@ -324,17 +378,25 @@ static PyObject *open_span(State *st, Span *s) {
         }
         /* The host moment the start is queued: one clock read, the host spans' own clock. */
         if (mono_ns(st, &s->entry) < 0) { Py_DECREF(stack); Py_DECREF(dev); return NULL; }
-        PyObject *ev = pooled_event(st, dev);
-        /* A runtime event: one cudaEventRecord on the raw current stream (the stack's), on the
-         * current device (the stack's too); else the device's own record. */
-        int bad = !ev || ((Py_TYPE(ev) == gt_RawEventType) ? gt_raw_record((RawEvent *)ev, raw) : record_on(st, ev, stack)) < 0;
+        long d = PyLong_AsLong(dev);
+        if (d == -1 && PyErr_Occurred()) { Py_DECREF(stack); Py_DECREF(dev); return NULL; }
+        PyObject *ev = pooled_event(st, dev, d);
+        /* A runtime event: one record on the raw current stream (the stack's), on the current
+         * device (the stack's too); else the device's own record. */
+        int is_raw = ev && Py_TYPE(ev) == gt_RawEventType;
+        int bad = !ev || (is_raw ? gt_raw_record((RawEvent *)ev, raw) : record_on(st, ev, stack)) < 0;
         if (bad) {
             Py_XDECREF(ev); Py_DECREF(stack); Py_DECREF(dev);
             return NULL;
         }
+        if (is_raw && d >= 0 && d <= INT_MAX) { /* the close records on the same, without asking the stack */
+            s->at_raw = 1;
+            s->raw_dev = (int)d;
+            s->raw_stream = raw;
+        }
         SETREF(s->t0, ev);
         s->ns0 = 0;
-        PyObject *gen = PyObject_GetItem(st->gens, dev);
+        PyObject *gen = per_device(st->gens, dev, d);
         Py_DECREF(dev);
         if (!gen) { Py_DECREF(stack); return NULL; }
         SETREF(s->gen, gen);
@@ -348,6 +410,16 @@ static PyObject *open_span(State *st, Span *s) {
     SETREF(s->parent, Py_NewRef(parent));
     SETREF(s->stack, stack); /* takes our reference */
     if (PyList_Append(stack, (PyObject *)s) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* A span whose end is recorded: onto the pending list. */
+static PyObject *closed(State *st, Span *s, int untrack) {
+    if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
+    /* Closed in order, the span is off its stack and in no cycle: the collector need not walk it
+     * (each collection of the young objects would, for every span closed since the last). */
+    if (untrack) PyObject_GC_UnTrack((PyObject *)s);
+    if (PyList_Size(st->pending) >= st->n_check_at) return PyObject_CallNoArgs(st->pending_full);
     Py_RETURN_NONE;
 }
 
@@ -371,10 +443,20 @@ static PyObject *close_span(State *st, Span *s) {
         if (!record_end) Py_RETURN_NONE;
         stack = s->stack;
     }
+    if (s->at_raw && !gt_span_on_host(s)) { /* opened by the C path on a runtime event */
+        PyObject *ev = pooled_event(st, NULL, s->raw_dev);
+        if (!ev) return NULL;
+        int r = Py_TYPE(ev) == gt_RawEventType ? gt_raw_record_on((RawEvent *)ev, s->raw_stream, s->raw_dev)
+                                               : record_on(st, ev, stack);
+        if (r < 0) { Py_DECREF(ev); return NULL; }
+        SETREF(s->t1, ev);
+        s->ns1 = 0;
+        return closed(st, s, untrack);
+    }
     PyObject *dev = gt_span_on_host(s) ? Py_NewRef(Py_None) : PyObject_GetAttr(stack, a_stack_device); /* host: none */
     if (!dev) return NULL;
     if (dev != Py_None) {
-        PyObject *ev = pooled_event(st, dev);
+        PyObject *ev = pooled_event(st, dev, -1);
         if (!ev || ((Py_TYPE(ev) == gt_RawEventType) ? raw_record_close((RawEvent *)ev, stack, dev) : record_on(st, ev, stack)) < 0) {
             Py_XDECREF(ev); Py_DECREF(dev);
             return NULL;
@@ -387,12 +469,7 @@ static PyObject *close_span(State *st, Span *s) {
         Py_CLEAR(s->t1);
     }
     Py_DECREF(dev);
-    if (PyList_Append(st->pending, (PyObject *)s) < 0) return NULL;
-    /* Closed in order, the span is off its stack and in no cycle: the collector need not walk it
-     * (each collection of the young objects would, for every span closed since the last). */
-    if (untrack) PyObject_GC_UnTrack((PyObject *)s);
-    if (PyList_Size(st->pending) >= st->n_check_at) return PyObject_CallNoArgs(st->pending_full);
-    Py_RETURN_NONE;
+    return closed(st, s, untrack);
 }
 
 /* The NVTX range of a span (the nvtx option): pushed once its open is recorded, popped before its
@@ -452,8 +529,10 @@ static PyObject *Span_vectorcall(PyObject *self, PyObject *const *args, size_t n
 /* Freed spans kept for reuse: a host span's whole cost is a few hundred ns, and an allocation
  * and a free of a collector-tracked object are a tenth of it. A kept span is untracked, its
  * fields cleared; it is made a new object again as CPython's own free lists do (the memory and
- * the collector's header stay; PyObject_Init gives it its type and one reference). */
-#define SPAN_FREE_MAX 512
+ * the collector's header stay; PyObject_Init gives it its type and one reference). Spans are freed
+ * when resolved, thousands at a time (a flush anchors at most every few ms): the list holds as
+ * many (~1.3 MB at most), or every span past its first few hundred would be a new allocation. */
+#define SPAN_FREE_MAX 8192
 static Span *g_free_spans[SPAN_FREE_MAX];
 static int g_n_free_spans;
 
