@@ -243,9 +243,11 @@ def bind_raw_elapsed(elapsed: Callable[[Any, Any], float]) -> bool:
     if calls is None:
         return False
     driver = driver_calls()
-    if driver is not None:  # the same call without the runtime's checks around it: ~half the time
-        calls = (driver["cuEventElapsedTime"], *calls[1:])
-    hot.set_raw_elapsed(*calls, elapsed)
+    if driver is None:
+        hot.set_raw_elapsed(*calls, elapsed)
+    else:  # the same call without the runtime's checks around it (~half the time); the runtime's
+        # where it refuses (a thread with no context current yet)
+        hot.set_raw_elapsed(driver["cuEventElapsedTime"], *calls[1:], elapsed, calls[0])
     return True
 
 

@@ -18,8 +18,9 @@ static long long now(void) {
 }
 
 static int current_device;
-long long created, runtime_records, driver_records, driver_refusals;
-int driver_fails; /* nonzero: the driver's record refuses with this error */
+long long created, runtime_records, driver_records, driver_refusals, runtime_elapsed;
+int driver_fails;  /* nonzero: the driver's record refuses with this error */
+int elapsed_fails; /* nonzero: the driver's elapsed read refuses with this error */
 void *current_stream;  /* what c10 says the current stream is */
 
 int cudaEventCreateWithFlags(void **ev, unsigned flags) {
@@ -55,11 +56,16 @@ int cudaEventDestroy(void *ev) {
     free(ev);
     return 0;
 }
-int cuEventElapsedTime(float *ms, void *a, void *b) {
+static int elapsed(float *ms, void *a, void *b) {
     Event *x = a, *y = b;
     if (!x->recorded || !y->recorded) return 400;
     *ms = (float)((double)(y->t - x->t) / 1e6);
     return 0;
+}
+int cuEventElapsedTime(float *ms, void *a, void *b) { return elapsed_fails ? elapsed_fails : elapsed(ms, a, b); }
+int cudaEventElapsedTime(float *ms, void *a, void *b) {
+    runtime_elapsed++;
+    return elapsed(ms, a, b);
 }
 int cudaGetLastError(void) { return 0; }
 int cudaGetDevice(int *d) {

@@ -70,11 +70,12 @@ typedef struct {
     int cuda_dev;
     void *cuda_raw;
     PyObject *cuda_stack;
-    /* runtime events taken from pools[bundle_dev], not yet used (span.c: pooled_event) */
+    /* runtime events taken from pools[d], not yet used, for the first BUNDLE_DEVICES devices
+     * (span.c: pooled_event) */
 #define EVENT_BUNDLE 64
-    PyObject *bundle[EVENT_BUNDLE];
-    int n_bundle;
-    int bundle_dev;
+#define BUNDLE_DEVICES 8
+    PyObject *bundle[BUNDLE_DEVICES][EVENT_BUNDLE];
+    int n_bundle[BUNDLE_DEVICES];
 } State;
 
 /* Vectorcall (PEP 590): part of the limited API from 3.12, and the same protocol since 3.8. A

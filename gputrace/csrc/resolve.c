@@ -114,6 +114,7 @@ typedef int (*raw_elapsed_fn)(float *ms, void *start, void *end);
 typedef int (*raw_clear_fn)(void);
 typedef int (*raw_device_fn)(int *device);
 static raw_elapsed_fn g_raw_elapsed;
+static raw_elapsed_fn g_raw_elapsed_then; /* asked where g_raw_elapsed refuses (the runtime's, after the driver's) */
 static raw_clear_fn g_raw_clear;
 static raw_device_fn g_raw_device; /* cudaGetDevice: the raw call only where the thread's device is the events' */
 static PyObject *g_raw_for; /* the Python elapsed callable the raw call stands in for */
@@ -135,7 +136,9 @@ static int raw_elapsed(PyObject *a, PyObject *b, double *ms) {
     void *ha = raw_handle(a), *hb;
     if (!ha || !(hb = raw_handle(b))) return 0;
     float v = 0.0f;
-    if (g_raw_elapsed(&v, ha, hb) != 0) {
+    /* The driver's call refuses on a thread with no context current (one that never touched
+     * CUDA): the runtime's makes the device's current, so the driver's works there next time. */
+    if (g_raw_elapsed(&v, ha, hb) != 0 && (!g_raw_elapsed_then || g_raw_elapsed_then(&v, ha, hb) != 0)) {
         if (g_raw_clear) (void)g_raw_clear();
         return 0;
     }
@@ -144,21 +147,24 @@ static int raw_elapsed(PyObject *a, PyObject *b, double *ms) {
 }
 
 PyDoc_STRVAR(set_raw_elapsed_doc,
-             "set_raw_elapsed(elapsed_ptr, clear_ptr, device_ptr, stands_for, /)\n--\n\n"
-             "Use the C functions at these addresses (cudaEventElapsedTime, cudaGetLastError, cudaGetDevice)\n"
+             "set_raw_elapsed(elapsed_ptr, clear_ptr, device_ptr, stands_for, then_ptr=0, /)\n--\n\n"
+             "Use the C functions at these addresses (cuEventElapsedTime or cudaEventElapsedTime,\n"
+             "cudaGetLastError, cudaGetDevice; then_ptr: an elapsed call asked where the first refuses)\n"
              "on the raw handles of events whose timeline measures with `stands_for`, where the calling\n"
              "thread's device is the events' (elsewhere the runtime could make a context on another\n"
              "device: torch's call sets the device around it); 0 turns it off.");
 static PyObject *hot_set_raw_elapsed(PyObject *self, PyObject *args) {
-    PyObject *fn, *clear, *dev, *for_;
-    if (!PyArg_ParseTuple(args, "OOOO", &fn, &clear, &dev, &for_)) return NULL;
+    PyObject *fn, *clear, *dev, *for_, *then = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &fn, &clear, &dev, &for_, &then)) return NULL;
     void *pf = PyLong_AsVoidPtr(fn), *pc = PyLong_AsVoidPtr(clear), *pd = PyLong_AsVoidPtr(dev);
+    void *pt = then ? PyLong_AsVoidPtr(then) : NULL;
     if (PyErr_Occurred()) return NULL;
     if (pf && (!pc || !pd)) {
         PyErr_SetString(PyExc_ValueError, "set_raw_elapsed: the elapsed call needs the error and device calls");
         return NULL;
     }
     g_raw_elapsed = (raw_elapsed_fn)pf;
+    g_raw_elapsed_then = pf ? (raw_elapsed_fn)pt : NULL;
     g_raw_clear = (raw_clear_fn)pc;
     g_raw_device = (raw_device_fn)pd;
     SETREF(g_raw_for, pf ? Py_NewRef(for_) : NULL);

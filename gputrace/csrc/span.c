@@ -288,43 +288,47 @@ static PyObject *per_device(PyObject *of, PyObject *dev, long d) {
     return v;
 }
 
-/* The runtime events the state took from a device's pool and has not used: back to the end of
- * that pool, in their order (the state is going, or takes from another device now). */
+/* The runtime events the state took from the devices' pools and has not used: back to the end of
+ * their pools, in their order (the state is going). */
 static void bundle_return(State *st) {
-    int n = st->n_bundle;
-    st->n_bundle = 0;
-    PyObject *pool = n > 0 && PyList_Check(st->pools) ? PyList_GetItem(st->pools, st->bundle_dev) : NULL;
-    if (n > 0 && !pool) PyErr_Clear();
-    for (int i = 0; i < n; i++) {
-        if (pool && PyList_Check(pool) && PyList_Append(pool, st->bundle[i]) < 0) PyErr_Clear();
-        Py_DECREF(st->bundle[i]);
+    for (int d = 0; d < BUNDLE_DEVICES; d++) {
+        int n = st->n_bundle[d];
+        st->n_bundle[d] = 0;
+        if (!n) continue;
+        PyObject *pool = PyList_Check(st->pools) ? PyList_GetItem(st->pools, d) : NULL;
+        if (!pool) PyErr_Clear();
+        for (int i = 0; i < n; i++) {
+            if (pool && PyList_Check(pool) && PyList_Append(pool, st->bundle[d][i]) < 0) PyErr_Clear();
+            Py_DECREF(st->bundle[d][i]);
+        }
     }
 }
 
 /* An event from the device's pool (one atomic take under the GIL), else a new one. Runtime events
  * are taken a bundle at a time (the last EVENT_BUNDLE of the pool, used newest first, as the pool
- * would give them): one list operation a bundle, not a delete of the pool's last item a record. */
+ * would give them), a bundle per device: one list operation a bundle, not a delete of the pool's
+ * last item a record. */
 static PyObject *pooled_event(State *st, PyObject *dev, long d) {
-    if (st->n_bundle > 0 && st->bundle_dev == d) return st->bundle[--st->n_bundle];
+    int bundled = d >= 0 && d < BUNDLE_DEVICES;
+    if (bundled && st->n_bundle[d] > 0) return st->bundle[d][--st->n_bundle[d]];
     PyObject *pool = per_device(st->pools, dev, d);
     if (!pool) return NULL;
     PyObject *ev;
     Py_ssize_t n = PyList_Size(pool);
-    if (n > 1 && d >= 0 && d <= INT_MAX && PyList_Check(st->pools) && PyList_Check(pool) &&
+    if (n > 1 && bundled && PyList_Check(st->pools) && PyList_Check(pool) &&
         Py_TYPE(PyList_GetItem(pool, n - 1)) == gt_RawEventType) {
-        bundle_return(st);
+        PyObject **b = st->bundle[d];
         Py_ssize_t k = 0;
         while (k < EVENT_BUNDLE && k < n && Py_TYPE(PyList_GetItem(pool, n - 1 - k)) == gt_RawEventType) k++;
-        for (Py_ssize_t i = 0; i < k; i++) st->bundle[i] = Py_NewRef(PyList_GetItem(pool, n - k + i));
+        for (Py_ssize_t i = 0; i < k; i++) b[i] = Py_NewRef(PyList_GetItem(pool, n - k + i));
         if (PyList_SetSlice(pool, n - k, n, NULL) < 0) {
-            for (Py_ssize_t i = 0; i < k; i++) Py_DECREF(st->bundle[i]);
+            for (Py_ssize_t i = 0; i < k; i++) Py_DECREF(b[i]);
             Py_DECREF(pool);
             return NULL;
         }
         Py_DECREF(pool);
-        st->bundle_dev = (int)d;
-        st->n_bundle = (int)k - 1;
-        return st->bundle[k - 1];
+        st->n_bundle[d] = (int)k - 1;
+        return b[k - 1];
     }
     if (n > 0) {
         ev = PyList_GetItem(pool, n - 1); /* borrowed */
