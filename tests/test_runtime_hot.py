@@ -17,24 +17,13 @@ from typing import Any
 import pytest
 
 import gputrace
-from gputrace import native, session
+from gputrace import cuda, native, session
 from gputrace.clock import HostClock
 from gputrace.config import Config
 from gputrace.record import Recorder
 
 from .conftest import spans_of
 
-RUNTIME = (
-    "cudaEventCreateWithFlags",
-    "cudaEventRecord",
-    "cudaEventQuery",
-    "cudaEventSynchronize",
-    "cudaEventDestroy",
-    "cudaEventElapsedTime",
-    "cudaGetLastError",
-    "cudaGetDevice",
-    "cudaSetDevice",
-)
 STREAM_A, STREAM_B, SIDE = 0xA000, 0xB000, 0x51DE
 
 
@@ -115,8 +104,6 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> str:
     hot: Any = native.hot
     if hot is None or not hasattr(hot, "set_driver"):
         pytest.skip("the C build is not in use")
-    from gputrace import cuda
-
     if cuda.event_calls() is not None:  # events of the real runtime may be alive: not handed to the fake
         pytest.skip("a CUDA runtime is loaded: tests/test_cuda_hot.py runs this path on it")
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -138,7 +125,7 @@ def fake(library: str) -> Iterator[Fake]:
     f.lib.cudaSetDevice(0)
     f.set("current_stream", STREAM_A)
     device = Device(f)
-    calls = {name: f.addr(name) for name in RUNTIME}
+    calls = {name: f.addr(name) for name in cuda._EVENT_CALLS}  # every runtime call RawEvent makes
     hot.set_runtime(calls)
     hot.set_driver(f.addr("cuEventRecord"))
     hot.set_current(
