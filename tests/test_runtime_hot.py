@@ -288,3 +288,19 @@ def test_spans_alternating_between_devices_take_each_devices_events(fake: Fake) 
     assert sum(len(p) for p in pools) + anchors == fake.counter("created")
     assert all(ev.device == d for d, pool in enumerate(pools) for ev in pool)
     assert fake.counter("created") < 2 * 900  # events used again on both devices
+
+
+def test_a_span_closed_under_a_recorder_of_fewer_devices_closes(fake: Fake) -> None:
+    fake.device.devices = 2  # type: ignore[attr-defined]
+    recorder(fake)
+    fake.lib.cudaSetDevice(1)
+    for i in range(2):  # the device's stack made, then a span opened on it by the C path
+        s = gputrace.span("on 1")
+        s.__enter__()
+        if i == 0:
+            s.__exit__(None, None, None)
+    fake.device.devices = 1  # type: ignore[attr-defined]
+    fake.lib.cudaSetDevice(0)
+    recorder(fake)  # the program starts again on one device, a span still open
+    s.__exit__(None, None, None)  # its end recorded on a new event, as the Python path does
+    assert s.t1 is not None and s.t1.device == 1

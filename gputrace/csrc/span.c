@@ -312,7 +312,11 @@ static PyObject *pooled_event(State *st, PyObject *dev, long d) {
     int bundled = d >= 0 && d < BUNDLE_DEVICES;
     if (bundled && st->n_bundle[d] > 0) return st->bundle[d][--st->n_bundle[d]];
     PyObject *pool = per_device(st->pools, dev, d);
-    if (!pool) return NULL;
+    if (!pool) { /* a device past the pools (a span opened under a recorder of more): a new event, as the twin */
+        if (!PyErr_ExceptionMatches(PyExc_IndexError)) return NULL;
+        PyErr_Clear();
+        return PyObject_CallNoArgs(st->new_event);
+    }
     PyObject *ev;
     Py_ssize_t n = PyList_Size(pool);
     if (n > 1 && bundled && PyList_Check(st->pools) && PyList_Check(pool) &&
