@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import gputrace
+from gputrace.cpus import usable_cpus
 from gputrace.errors import GputraceError
 
 
@@ -33,9 +34,8 @@ def build_model(torch: Any, width: int, depth: int, device: Any) -> Any:
 
 
 def cores() -> int:
-    """CPU cores this process may run on."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    """CPU cores this process may use (its affinity, its cgroup's quota)."""
+    return usable_cpus()
 
 
 def threads_per_rank(ranks: int, cuda: bool) -> int:

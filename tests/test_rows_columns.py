@@ -32,6 +32,12 @@ def test_list_operations_answer_from_the_rows(make) -> None:  # type: ignore[no-
     assert col.copy() == rows and type(col.copy()) is list
     assert col + [7] == rows + [7] and [7] + col == [7] + rows
     assert list(reversed(col)) == rows[::-1]
+    for part in (slice(1, 4), slice(None, None, -1), slice(2, None), slice(5, 1), slice(-2, None)):
+        assert col[part] == rows[part] and type(col[part]) is list, part  # a slice is a list, as a list's
+    assert col[-1] == rows[-1] and col[0] == rows[0]
+    for past in (len(rows), -len(rows) - 1):
+        with pytest.raises(IndexError):
+            col[past]
     back = pickle.loads(pickle.dumps(col, pickle.HIGHEST_PROTOCOL))
     assert type(back) is type(col) and list(back) == rows
     assert list(copy.copy(col)) == rows and list(copy.deepcopy(col)) == rows

@@ -34,6 +34,7 @@ import orjson
 
 from gputrace import stats
 from gputrace.causes import causes
+from gputrace.cpus import usable_cpus
 from gputrace.trace import chrome
 from gputrace.trace.model import Trace
 
@@ -299,7 +300,7 @@ def digest_workers(traces: Sequence[str]) -> int | None:
 
     if len(traces) < 4 or sum(os.path.getsize(t) for t in traces if os.path.isfile(t)) < PARALLEL_MIN_BYTES:
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     if cpus < 2:
         return 1
     idle = idle_cpus()

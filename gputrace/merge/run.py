@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from gputrace.cpus import usable_cpus
 from gputrace.errors import GputraceError, MergeError, TraceFormatError
 from gputrace.merge.place import (
     Context,
@@ -272,7 +273,7 @@ def workers_for(files: list[str], workers: int | None) -> int:
     loaded 0.4-1.0x the one-process time, merged 1.0-1.2x) they lose."""
     if workers is not None:
         return max(1, workers)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     if cpus < 2 or len(files) < 4:
         return 1
     if sum(os.path.getsize(f) for f in files if os.path.isfile(f)) < PARALLEL_MIN_BYTES:

@@ -188,13 +188,17 @@ def _restore_column(cls: type, state: dict[str, Any]) -> Any:
 
 
 class _NoCats(_RowsColumn):
-    """A `cat` column of all None that takes no memory per row (reads of any index give None)."""
+    """A `cat` column of all None that takes no memory per row (read as a list of None)."""
 
     def __init__(self, n: int) -> None:
         super().__init__()
         self._n = n
 
     def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [None] * len(range(*i.indices(self._n)))
+        if not -self._n <= i < self._n:
+            raise IndexError("cat index out of range")
         return None
 
     def __len__(self) -> int:
