@@ -18,23 +18,16 @@ from gputrace.trace.model import Process, Trace, Track
 
 # The readers' bound for one rank: 100 bytes an event or 1.5 times its file, whichever is larger,
 # and what one batch costs whatever the file's size.
-from .test_reader_memory import BASE, BATCH, PER_EVENT, PER_SIZE
+from .test_reader_memory import BASE, BATCH, PEAK, PER_EVENT, PER_SIZE
 
 RANKS = 4
 EVENTS = 150_000  # a rank's spans
 
 CHILD = r"""
-import json, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 from gputrace import merge
 from gputrace.trace import perfetto
 folder, out = sys.argv[1], sys.argv[2]
-before = status("VmRSS:")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM from here
+before = peak_from_here()
 merge.merge([folder], out, workers=1)
 peak = status("VmHWM:") - before
 t = perfetto.read_spans(out)
@@ -80,7 +73,9 @@ def test_a_protobuf_merge_holds_about_one_ranks_columns(ranks: Path, tmp_path: P
     layout and each track's events as Python lists (about 4 times this bound here)."""
     pytest.importorskip("gputrace.trace.perfetto")
     out = tmp_path / "merged.pftrace"
-    r = subprocess.run([sys.executable, "-c", CHILD, str(ranks), str(out)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK + CHILD, str(ranks), str(out)], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["n"] == RANKS * EVENTS and got["ranks"] == list(range(RANKS))

@@ -25,12 +25,22 @@ PER_EVENT = 100
 PER_SIZE = 1.5
 BATCH = 32 << 20
 
-CHILD = r"""
+# What each child that measures its peak is run after: `status` reads /proc/self/status in bytes;
+# `peak_from_here` gives the resident size now and starts the kernel's peak (VmHWM) again from it.
+PEAK = r"""
 import json, sys
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
+def peak_from_here():
+    before = status("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return before
+"""
+
+CHILD = r"""
 from gputrace import merge
 from gputrace.trace import chrome, perfetto
 from gputrace.validate import validate_file
@@ -40,9 +50,7 @@ def merged(path):
     merge.merge([path], out, workers=1)
     return out
 read = {"chrome": chrome.read, "perfetto": perfetto.read, "validate": validate_file, "merge": merged}[op]
-before = status("VmRSS:")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM from here
+before = peak_from_here()
 out = read(path)
 peak = status("VmHWM:") - before
 n = len(out.spans) if op in ("chrome", "perfetto") else out.spans if op == "validate" else len(chrome.read(out).spans)
@@ -79,7 +87,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def peak(op: str, path: Path) -> tuple[int, int]:
-    r = subprocess.run([sys.executable, "-c", CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PEAK + CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     return got["peak"], got["n"]
@@ -147,19 +155,12 @@ def test_batches_read_what_the_whole_file_gives(files: dict[str, Path], monkeypa
 
 
 STATS_CHILD = r"""
-import json, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 from gputrace import heap, summary
 from gputrace.trace import chrome, perfetto  # the readers' imports before the measure
 from gputrace.viewer import data
 op, path = sys.argv[1], sys.argv[2]
 heap.map_large_blocks()  # as the commands (gputrace summary, gputrace view) set it
-before = status("VmRSS:")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM from here
+before = peak_from_here()
 if op == "summary":
     steps = summary.summary_of_files([path]).steps.count
 else:  # what `gputrace view` computes its page from
@@ -196,7 +197,9 @@ def test_summary_and_the_views_page_hold_columns_not_argument_dicts(tmp_path: Pa
     events = 3 * EVENTS
     path = tmp_path / ("big.json" if fmt == "chrome" else "big.pftrace")
     (chrome if fmt == "chrome" else perfetto).write(stepped_trace(events), str(path))
-    r = subprocess.run([sys.executable, "-c", STATS_CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK + STATS_CHILD, op, str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["steps"] == events // 100
@@ -208,19 +211,12 @@ def test_summary_and_the_views_page_hold_columns_not_argument_dicts(tmp_path: Pa
 
 
 WHOLE_CHILD = r"""
-import json, sys
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
 from gputrace import heap, merge
 from gputrace.trace import perfetto
 from gputrace.viewer import data
 op, path = sys.argv[1], sys.argv[2]
 heap.map_large_blocks()  # as the commands (gputrace merge, gputrace view) set it
-before = status("VmRSS:")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM from here
+before = peak_from_here()
 if op == "timeline":  # what the view's timeline reads: the whole trace, every argument
     t = data.load([path])
 else:
@@ -243,7 +239,9 @@ def test_a_whole_protobuf_read_holds_no_dict_a_span(tmp_path: Path, op: str) -> 
     path = tmp_path / "big.pftrace"
     trace = stepped_trace(events)
     perfetto.write(trace, str(path))
-    r = subprocess.run([sys.executable, "-c", WHOLE_CHILD, op, str(path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK + WHOLE_CHILD, op, str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["n"] == len(trace.spans) and got["args"] == sum(a is not None for a in trace.spans.args)
