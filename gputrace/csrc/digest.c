@@ -296,33 +296,9 @@ out:
 
 /* ---- the step breakdown's and self time's loops (digest_breakdown.py) ---------------------------- */
 
-/* A growable column of int64. */
-typedef struct {
-    long long *v;
-    Py_ssize_t n, cap;
-} Vec;
-
-static int vec_push(Vec *x, long long a) {
-    if (x->n == x->cap) {
-        Py_ssize_t cap = x->cap ? 2 * x->cap : 64;
-        long long *g = PyMem_Realloc(x->v, sizeof(long long) * (size_t)cap);
-        if (!g) { PyErr_NoMemory(); return -1; }
-        x->v = g;
-        x->cap = cap;
-    }
-    x->v[x->n++] = a;
-    return 0;
-}
-
 /* Bytes of n int64 from v (an empty column when n is 0). */
 static PyObject *bytes_ll(const long long *v, Py_ssize_t n) {
     return PyBytes_FromStringAndSize(n ? (const char *)v : NULL, n * 8);
-}
-
-static void vec_free(Vec *x) {
-    PyMem_Free(x->v);
-    x->v = NULL;
-    x->n = x->cap = 0;
 }
 
 /* bisect.bisect_left(a[0:n], x) */

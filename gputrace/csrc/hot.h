@@ -158,6 +158,30 @@ static inline int gt_span_host_times(Span *s, long long *t0, long long *t1) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* A growable column of int64 (digest.c's loops, readx.c's reader): 0, or -1 with MemoryError set. */
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} Vec;
+
+static inline int vec_push(Vec *x, long long a) {
+    if (x->n == x->cap) {
+        Py_ssize_t cap = x->cap ? 2 * x->cap : 64;
+        long long *g = PyMem_Realloc(x->v, sizeof(long long) * (size_t)cap);
+        if (!g) { PyErr_NoMemory(); return -1; }
+        x->v = g;
+        x->cap = cap;
+    }
+    x->v[x->n++] = a;
+    return 0;
+}
+
+static inline void vec_free(Vec *x) {
+    PyMem_Free(x->v);
+    x->v = NULL;
+    x->n = x->cap = 0;
+}
+
 /* encode.c: an array.array's items as bytes, checked to hold `itemsize`-byte items (n of them). */
 PyObject *gt_array_bytes(PyObject *arr, size_t itemsize, Py_ssize_t *n);
 

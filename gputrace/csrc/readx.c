@@ -32,27 +32,6 @@ static int times_1000(PyObject *x, long long *out) {
     return 0;
 }
 
-/* A growing int64 column. */
-typedef struct {
-    long long *d;
-    Py_ssize_t n, cap;
-} col_t;
-
-static int col_push(col_t *c, long long v) {
-    if (c->n == c->cap) {
-        Py_ssize_t cap = c->cap ? 2 * c->cap : 4096;
-        long long *d = PyMem_Realloc(c->d, (size_t)cap * sizeof(long long));
-        if (!d) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->d = d;
-        c->cap = cap;
-    }
-    c->d[c->n++] = v;
-    return 0;
-}
-
 /* The arguments named in `keys` of a non-empty dict `args`, in its order (chrome._only), or None. */
 static PyObject *only_keys(PyObject *args, PyObject *keys) {
     PyObject *k, *v, *out = NULL;
@@ -99,14 +78,14 @@ static PyObject *hot_read_x_rows(PyObject *self, PyObject *py_args) {
     if (keys != Py_None) cats_out = NULL;
     Py_ssize_t n = PyList_Size(events);
     if (i < 0) i = 0;
-    col_t cs = {0}, ce = {0}, cn = {0}, ct = {0};
+    Vec cs = {0}, ce = {0}, cn = {0}, ct = {0};
     /* Room for the rest of the batch at once: buffers grown by doubling crossed glibc's mmap
      * threshold and back every batch, which left the reader's own columns fragmented (+9% peak). */
     Py_ssize_t room = n > i ? n - i : 1;
-    col_t *cols[4] = {&cs, &ce, &cn, &ct};
+    Vec *cols[4] = {&cs, &ce, &cn, &ct};
     for (int c = 0; c < 4; c++) {
-        if (!(cols[c]->d = PyMem_Malloc((size_t)room * sizeof(long long)))) {
-            for (int k = 0; k < c; k++) PyMem_Free(cols[k]->d);
+        if (!(cols[c]->v = PyMem_Malloc((size_t)room * sizeof(long long)))) {
+            for (int k = 0; k < c; k++) PyMem_Free(cols[k]->v);
             return PyErr_NoMemory();
         }
         cols[c]->cap = room;
@@ -183,17 +162,17 @@ static PyObject *hot_read_x_rows(PyObject *self, PyObject *py_args) {
             if (PyErr_Occurred()) goto out;
             if (PyList_Append(cats_out, plain ? Py_None : cat) < 0) goto out;
         }
-        if (col_push(&cs, start) < 0 || col_push(&ce, end) < 0 || col_push(&cn, name_i) < 0 || col_push(&ct, track_i) < 0)
+        if (vec_push(&cs, start) < 0 || vec_push(&ce, end) < 0 || vec_push(&cn, name_i) < 0 || vec_push(&ct, track_i) < 0)
             goto out;
     }
-#define BYTES(c) (c.d ? (const char *)c.d : ""), (c.n * (Py_ssize_t)sizeof(long long))
+#define BYTES(c) (c.v ? (const char *)c.v : ""), (c.n * (Py_ssize_t)sizeof(long long))
     result = Py_BuildValue("(ny#y#y#y#)", i, BYTES(cs), BYTES(ce), BYTES(cn), BYTES(ct));
 #undef BYTES
 out:
-    PyMem_Free(cs.d);
-    PyMem_Free(ce.d);
-    PyMem_Free(cn.d);
-    PyMem_Free(ct.d);
+    vec_free(&cs);
+    vec_free(&ce);
+    vec_free(&cn);
+    vec_free(&ct);
     return result;
 }
 
