@@ -26,7 +26,7 @@ def cgroup_cpu_quota(root: str = "/") -> int | None:
     def fields(path: str) -> list[str] | None:
         try:
             with open(os.path.join(root, path)) as f:
-                return f.read().split()
+                return f.read(4096).split()  # a line or a few: what the kernel writes there
         except (OSError, UnicodeDecodeError):
             return None
 

@@ -75,3 +75,11 @@ def test_a_container_allowed_one_cpu_gets_no_workers(tmp_path: Path, monkeypatch
     assert run.workers_for(big, None) == 1
     monkeypatch.setattr(run, "usable_cpus", lambda: 16)
     assert run.workers_for(big, None) > 1  # the same inputs where 16 CPUs are the process's
+
+
+def test_a_huge_or_binary_cgroup_file_is_no_quota(tmp_path: Path) -> None:
+    root = lay_out(tmp_path, {"proc/self/cgroup": "0::/" + "x/" * 200_000 + "\n"})
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cpu.max").write_bytes(b"\xff\xfe" * 1_000_000)
+    assert cgroup_cpu_quota(root) is None
+    assert usable_cpus(root) == AFFINITY
